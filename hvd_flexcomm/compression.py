@@ -1,0 +1,124 @@
+"""Compression modes accepted by :func:`hvd_flexcomm.DistributedOptimizer`.
+
+A compression mode is a small, immutable configuration object; the per-rank state it needs (residual
+memories, step counter) lives in the optimizer. Each mode validates its arguments on construction, so
+a bad value fails at once with a message naming it, on every rank.
+
+- :class:`Dense` -- plain allreduce of every gradient, exactly as ``horovod.torch.DistributedOptimizer``
+  (optionally through one of Horovod's own compressors, e.g. ``hvd.Compression.fp16``).
+- :class:`AGTopk` -- every rank sends its own top-k (values + int32 indices) through ``hvd.allgather``.
+- :class:`ARTopk` -- one root rank's top-k indices are broadcast; every rank sends its own error-fed
+  values at those indices through ``hvd.allreduce`` (k floats, no indices in the reduction). The root is
+  chosen by ``selector``: ``"star"`` (round robin, ``step mod N``) or ``"var"`` (the rank whose
+  compressed error-fed gradient has the largest squared norm; ties go to the lowest rank).
+
+``cr`` is the compression ratio: the fraction of gradient entries kept, in (0, 1]. ``cr == 1`` sends
+every entry and is carried out as a dense allreduce, so it reproduces ``Dense()`` exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Dense", "AGTopk", "ARTopk", "TopkCompression", "SELECTORS", "validate_cr"]
+
+#: Root-selection policies of AR-Topk.
+SELECTORS = ("star", "var")
+
+#: Granularities: ``"model"`` compresses the whole model as one fused vector (the paper's setting,
+#: best compression quality); ``"bucket"`` compresses buckets of parameters as their gradients
+#: become ready, overlapping communication with the backward pass.
+GRANULARITIES = ("model", "bucket")
+
+
+def validate_cr(cr: Any) -> float:
+    """Return ``cr`` as a float, or raise ``ValueError`` naming the bad value.
+
+    A valid compression ratio is a real number in (0, 1] (NaN and infinities are rejected).
+    """
+    if isinstance(cr, bool) or not isinstance(cr, (int, float)):
+        raise TypeError(f"cr must be a number in (0, 1], got {cr!r} of type {type(cr).__name__}")
+    value = float(cr)
+    if math.isnan(value) or not 0.0 < value <= 1.0:
+        raise ValueError(f"cr must be in (0, 1] (fraction of entries kept), got {cr!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Dense:
+    """Dense allreduce, identical to ``horovod.torch.DistributedOptimizer``.
+
+    ``compressor`` is one of Horovod's per-tensor compressors (``hvd.Compression.none`` by default,
+    or ``hvd.Compression.fp16``); ``None`` means ``Compression.none``.
+    """
+
+    compressor: Any = None
+
+    @property
+    def cr(self) -> float:
+        return 1.0
+
+    def describe(self) -> str:
+        name = getattr(self.compressor, "__name__", None) or type(self.compressor).__name__
+        return "Dense()" if self.compressor is None else f"Dense(compressor={name})"
+
+
+@dataclass(frozen=True)
+class TopkCompression:
+    """Base of the top-k modes: compression ratio, granularity and bucket size.
+
+    ``cr``: fraction of entries kept, in (0, 1]. ``granularity``: ``"model"`` (default) or
+    ``"bucket"``. ``bucket_cap_mb``: bucket size in MiB of gradient data when ``granularity="bucket"``.
+    """
+
+    cr: float = 0.01
+    granularity: str = "model"
+    bucket_cap_mb: float = 25.0
+
+    #: name of the collective that carries the payload ("allgather" or "allreduce")
+    collective = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cr", validate_cr(self.cr))
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}"
+            )
+        cap = self.bucket_cap_mb
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0 or math.isinf(cap):
+            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}(cr={self.cr:g}, granularity={self.granularity!r})"
+
+
+@dataclass(frozen=True)
+class AGTopk(TopkCompression):
+    """Top-k with error feedback sent through ``hvd.allgather`` (values + int32 indices)."""
+
+    collective = "allgather"
+
+
+@dataclass(frozen=True)
+class ARTopk(TopkCompression):
+    """Top-k with error feedback on one root's support, values sent through ``hvd.allreduce``.
+
+    ``selector``: ``"star"`` (root = step mod N) or ``"var"`` (root = rank with the largest
+    ‖top-k(error-fed gradient)‖², ties to the lowest rank).
+    """
+
+    selector: str = "star"
+    collective = "allreduce"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.selector, str) or self.selector.lower() not in SELECTORS:
+            raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
+        object.__setattr__(self, "selector", self.selector.lower())
+
+    def describe(self) -> str:
+        return (
+            f"ARTopk(cr={self.cr:g}, selector={self.selector!r}, granularity={self.granularity!r})"
+        )

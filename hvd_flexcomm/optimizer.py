@@ -1,0 +1,371 @@
+"""``hvd_flexcomm.DistributedOptimizer``: Horovod's optimizer with top-k compression paths.
+
+The returned object is built exactly as Horovod builds its own: a new class whose base is the
+user's optimizer class, carrying ``horovod.torch.optimizer._DistributedOptimizer``'s methods, with
+ours layered on top. So everything Horovod's optimizer does (``named_parameters`` validation,
+``backward_passes_per_step``, ``synchronize()`` / ``skip_synchronize()``, ``zero_grad`` checks,
+``groups``, sparse gradients, ``hvd.broadcast_optimizer_state``) behaves the same, and ``Dense()``
+*is* Horovod's code path.
+
+For the top-k modes (``AGTopk``, ``ARTopk``) the per-parameter hooks only count backward passes (and,
+with ``granularity="bucket"``, submit a bucket once all its gradients are ready); ``synchronize()``
+submits what is left, runs the second phase of AR-Topk for every message before waiting on any, and
+writes the aggregated gradients back into ``p.grad``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import warnings
+from contextlib import contextmanager  # noqa: F401  (re-exported behaviour via Horovod's dict)
+from typing import Any, Iterable, Optional
+
+import torch
+
+from ._horovod import require_horovod
+from .compression import Dense, TopkCompression
+from .control import allgather_object
+from .messages import GradMessage, build_messages
+from .sync import MessageOutcome, Pending, StepConfig, advance, finish, launch
+
+__all__ = ["DistributedOptimizer"]
+
+log = logging.getLogger("hvd_flexcomm")
+
+_STATE_KEY = "hvd_flexcomm"
+
+
+def _as_mode(compression: Any, hvd: Any) -> Any:
+    """Normalise the ``compression`` argument into one of our mode objects."""
+    if compression is None:
+        return Dense()
+    if isinstance(compression, (Dense, TopkCompression)):
+        return compression
+    # Horovod's own per-tensor compressors (hvd.Compression.none / .fp16) keep the dense path.
+    horovod_compressor = getattr(hvd.compression, "Compressor", None)
+    if isinstance(compression, type) and horovod_compressor and issubclass(compression,
+                                                                          horovod_compressor):
+        return Dense(compressor=compression)
+    if horovod_compressor and isinstance(compression, horovod_compressor):
+        return Dense(compressor=compression)
+    raise TypeError(
+        "compression must be hvd_flexcomm.Dense(), AGTopk(...), ARTopk(...) or one of Horovod's "
+        f"compressors (hvd.Compression.none / fp16), got {compression!r} of type "
+        f"{type(compression).__name__}"
+    )
+
+
+class _FlexMethods(torch.optim.Optimizer):
+    """Methods layered over Horovod's ``_DistributedOptimizer`` (see the module docstring)."""
+
+    def __init__(self, params, named_parameters, mode, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        hvd = require_horovod()
+        from horovod.torch.optimizer import _DistributedOptimizer
+
+        self._flex_hvd = hvd
+        self._flex_mode = mode
+        self._flex_messages: list[GradMessage] = []
+        self._flex_msg_of: dict = {}
+        self._flex_pending: dict[int, Pending] = {}
+        self._flex_hooks_registered = False
+        self._flex_checked = False
+        self._flex_step = 0
+        self._flex_skip_next_step = False
+        self.last_stats: dict = {}
+        compressor = mode.compressor if isinstance(mode, Dense) else None
+        if compressor is None:
+            compressor = hvd.Compression.none
+        _DistributedOptimizer.__init__(self, params, named_parameters, compressor,
+                                       backward_passes_per_step, op, gradient_predivide_factor,
+                                       groups, sparse_as_dense, process_set)
+        # Horovod registers hooks only when size() > 1; compression applies at every size, so a
+        # single-process run trains with exactly the arithmetic of a multi-process one.
+        if self._flex_is_topk() and not self._flex_hooks_registered and process_set.included():
+            self._register_hooks()
+        log.info("hvd_flexcomm: %s over %d rank(s), %d message(s)", mode.describe(),
+                 self.process_set.size(), len(self._flex_messages))
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _flex_is_topk(self) -> bool:
+        return isinstance(self._flex_mode, TopkCompression)
+
+    def _flex_path(self) -> str:
+        mode = self._flex_mode
+        if mode.cr >= 1.0:
+            return "dense"
+        return mode.collective
+
+    def _flex_step_config(self) -> StepConfig:
+        hvd = self._flex_hvd
+        mode = self._flex_mode
+        average = self.op == hvd.Average
+        return StepConfig(
+            step=self._flex_step, rank=self.process_set.rank(), size=self.process_set.size(),
+            cr=mode.cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
+            average=average, predivide=self.gradient_predivide_factor if average else 1.0,
+            process_set=self.process_set, hvd=hvd)
+
+    def _flex_fingerprint(self) -> dict:
+        names = [self._parameter_names.get(p) for m in self._flex_messages for p in m.params]
+        digest = hashlib.sha1("\n".join(map(str, names)).encode()).hexdigest()[:16]
+        return {
+            "compression": self._flex_mode.describe(),
+            "op": str(self.op),
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "parameters": f"{len(names)} names, sha1 {digest}",
+            "messages": [(m.numel, str(m.dtype)) for m in self._flex_messages],
+        }
+
+    def _flex_check_consistency(self) -> None:
+        """First step only: one allgather of each rank's configuration; raise on every rank if
+        any rank differs from rank 0 (before any payload collective could hang or mix data)."""
+        if self._flex_checked:
+            return
+        self._flex_checked = True
+        mine = self._flex_fingerprint()
+        everyone = allgather_object(mine, "hvd_flexcomm.config", self._flex_hvd, self.process_set)
+        reference = everyone[0]
+        for rank, theirs in enumerate(everyone):
+            for key in reference:
+                if theirs.get(key) != reference.get(key):
+                    raise ValueError(
+                        f"hvd_flexcomm: ranks disagree on {key}: rank 0 has "
+                        f"{reference.get(key)!r}, rank {rank} has {theirs.get(key)!r}. Every rank "
+                        "must build the same model and pass the same compression settings."
+                    )
+
+    # -- Horovod overrides ---------------------------------------------------------------------
+    def _register_hooks(self):
+        from horovod.torch.optimizer import _DistributedOptimizer
+
+        if not self._flex_is_topk():
+            return _DistributedOptimizer._register_hooks(self)
+        if self._groups is not None:
+            raise ValueError("groups is only supported with Dense(); top-k modes group parameters "
+                             "themselves (granularity='model' or 'bucket')")
+        trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        mode = self._flex_mode
+        self._flex_messages = build_messages(trainable, mode.granularity,
+                                             int(mode.bucket_cap_mb * 1024 * 1024))
+        for msg in self._flex_messages:
+            for p in msg.params:
+                self._flex_msg_of[p] = msg
+        for p in trainable:
+            self._requires_update.add(p)
+            grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            grad_acc.register_hook(self._flex_make_hook(p))
+            self._grad_accs.append(grad_acc)
+        self._flex_hooks_registered = True
+
+    def _flex_make_hook(self, p):
+        def hook(*ignore):
+            if self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally.")
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0 and self._flex_mode.granularity == "bucket":
+                msg = self._flex_msg_of[p]
+                msg.ready += 1
+                if msg.ready == len(msg.params) and msg.index not in self._flex_pending:
+                    self._flex_launch(msg)
+        return hook
+
+    def _flex_launch(self, msg: GradMessage) -> None:
+        self._flex_check_consistency()
+        self._flex_pending[msg.index] = launch(msg, self._flex_step_config())
+
+    def synchronize(self):
+        from horovod.torch.optimizer import _DistributedOptimizer
+
+        if not self._flex_is_topk():
+            t0 = time.perf_counter()
+            _DistributedOptimizer.synchronize(self)
+            self._flex_step += 1
+            self.last_stats = {"step": self._flex_step - 1, "cr": 1.0, "collective": "dense",
+                               "root_rank": None, "k": None, "comm_ms": 1e3 * (
+                                   time.perf_counter() - t0), "compress_ms": 0.0}
+            return
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        for msg in self._flex_messages:
+            if msg.index not in self._flex_pending:
+                self._flex_launch(msg)
+        pendings = [self._flex_pending[m.index] for m in self._flex_messages]
+        for pending in pendings:  # every AR-Topk allreduce is submitted before any wait
+            advance(pending)
+        outcomes = [finish(pending) for pending in pendings]
+        skipped = any(o.skipped for o in outcomes)
+        for msg, outcome in zip(self._flex_messages, outcomes):
+            msg.write_grads(outcome.result)
+            msg.ready = 0
+        self._flex_pending.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._flex_record(outcomes, skipped)
+        self._flex_step += 1
+        self._synchronized = True
+
+    def _flex_record(self, outcomes: list[MessageOutcome], skipped: bool) -> None:
+        total = sum(m.numel for m in self._flex_messages)
+        path = self._flex_path()
+        roots = {o.root for o in outcomes}
+        bad = sorted({r for o in outcomes for r in o.nonfinite_ranks})
+        weights = [m.numel / total if total else 0.0 for m in self._flex_messages]
+        self.last_stats = {
+            "step": self._flex_step,
+            "cr": self._flex_mode.cr,
+            "collective": path,
+            "root_rank": roots.pop() if len(roots) == 1 else sorted(roots, key=str),
+            "k": sum(o.k for o in outcomes),
+            "bytes_sent": sum(o.bytes_sent for o in outcomes),
+            "compress_ms": 1e3 * sum(o.compress_s for o in outcomes),
+            "comm_ms": 1e3 * sum(o.comm_s for o in outcomes),
+            "gain": float(sum(w * o.gain for w, o in zip(weights, outcomes))),
+            "skipped": skipped,
+            "nonfinite_ranks": bad,
+        }
+        if skipped:
+            self._flex_skip_next_step = True
+            log.warning("hvd_flexcomm: step %d skipped: non-finite gradient on rank(s) %s; "
+                        "residual memory kept", self._flex_step, bad or "?")
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        if self._flex_skip_next_step:
+            self._flex_skip_next_step = False
+            return None
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._handles or self._flex_pending:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self):
+        state = super(self.__class__, self).state_dict()
+        state[_STATE_KEY] = {
+            "version": 1,
+            "compression": self._flex_mode.describe(),
+            "step": self._flex_step,
+            "rank": self.process_set.rank(),
+            "size": self.process_set.size(),
+            "residuals": {m.name: m.residual.clone() for m in self._flex_messages},
+        }
+        return state
+
+    def load_state_dict(self, state_dict):
+        from horovod.torch.optimizer import _DistributedOptimizer
+
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(_STATE_KEY, None)
+        if ours is not None:
+            residuals = ours.get("residuals", {})
+            for msg in self._flex_messages:
+                saved = residuals.get(msg.name)
+                if saved is None:
+                    continue
+                if saved.shape != msg.residual.shape or saved.dtype != msg.residual.dtype:
+                    raise ValueError(
+                        f"hvd_flexcomm: checkpointed residual {msg.name} has shape "
+                        f"{tuple(saved.shape)} {saved.dtype}, this model needs "
+                        f"{tuple(msg.residual.shape)} {msg.residual.dtype}")
+                msg.residual = saved.clone()
+            self._flex_step = int(ours.get("step", 0))
+            if residuals and ours.get("rank") != self.process_set.rank():
+                log.warning("hvd_flexcomm: loading residuals saved by rank %s on rank %d; "
+                            "residuals are per rank: save and load one file per rank",
+                            ours.get("rank"), self.process_set.rank())
+        self._flex_pending.clear()
+        _DistributedOptimizer.load_state_dict(self, state_dict)
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[tuple[str, torch.nn.Parameter]]] = None,
+    compression: Any = None,
+    backward_passes_per_step: int = 1,
+    op: Any = None,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` like ``horovod.torch.DistributedOptimizer``, with top-k compression.
+
+    Same arguments as Horovod's (``compression`` also accepts Horovod's ``hvd.Compression.none``
+    / ``fp16``, which select the dense path). ``compression``:
+
+    - ``hvd_flexcomm.Dense()`` (default): Horovod's dense allreduce, unchanged;
+    - ``hvd_flexcomm.AGTopk(cr=...)``: top-k + error feedback through ``hvd.allgather``;
+    - ``hvd_flexcomm.ARTopk(cr=..., selector="star"|"var")``: top-k on one root's support,
+      values through ``hvd.allreduce``.
+
+    The top-k modes support ``op=hvd.Average`` (default) and ``hvd.Sum``; ``groups`` is
+    Dense-only. After each synchronized step ``optimizer.last_stats`` describes it: ``step``,
+    ``cr``, ``collective`` (``"allgather"``, ``"allreduce"`` or ``"dense"``), ``root_rank``,
+    ``k`` (entries sent), ``bytes_sent`` (this rank's payload bytes), ``compress_ms``,
+    ``comm_ms``, ``gain`` (‖compressed‖² / ‖error-fed‖², a fraction), ``skipped`` (a non-finite
+    gradient on some rank: the step was skipped on every rank, residuals kept) and
+    ``nonfinite_ranks``.
+    """
+    hvd = require_horovod()
+    from horovod.torch.optimizer import _DistributedOptimizer
+
+    if op is None:
+        op = hvd.Average
+    if process_set is None:
+        process_set = hvd.global_process_set
+    mode = _as_mode(compression, hvd)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got "
+                         f"{backward_passes_per_step!r}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning,
+                      stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if isinstance(mode, TopkCompression):
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"top-k compression supports op=hvd.Average or hvd.Sum, got {op!r}")
+        if groups is not None:
+            raise ValueError("groups is only supported with Dense(); top-k modes group "
+                             "parameters themselves (granularity='model' or 'bucket')")
+    elif op == hvd.Adasum:
+        return hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
+                                        compression=mode.compressor or hvd.Compression.none,
+                                        backward_passes_per_step=backward_passes_per_step,
+                                        op=op, process_set=process_set)
+
+    members = dict(_DistributedOptimizer.__dict__)
+    members.update({k: v for k, v in _FlexMethods.__dict__.items()
+                    if k not in ("__dict__", "__weakref__", "__doc__")})
+    # Keep Horovod's module name: hvd.broadcast_optimizer_state() recognises a distributed
+    # optimizer by it and then initialises state with the base class's step(), without a
+    # collective. Our class must be treated the same way.
+    members["__module__"] = _DistributedOptimizer.__module__
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
+    return cls(optimizer.param_groups, named_parameters, mode, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)

@@ -1,0 +1,259 @@
+"""Thin glue between a :class:`~hvd_flexcomm.messages.GradMessage` and Horovod's collectives.
+
+One step of one message goes through up to three phases, so that the optimizer can submit every
+message's collective before it waits on any of them:
+
+- :func:`launch` -- error feedback (``G = grad + residual``), top-k selection, and the first
+  collective: ``allgather`` of the packed top-k (AG-Topk), ``broadcast`` of the root's indices
+  (AR-Topk), or ``allreduce`` of ``G`` (dense, ``cr == 1``);
+- :func:`advance` -- AR-Topk only: wait for the indices, take this rank's values at them and submit
+  the ``allreduce`` of the k values;
+- :func:`finish` -- wait, aggregate into a dense result, commit the residual.
+
+Metadata rides inside the payloads, never in extra round trips:
+
+- AG-Topk packs, per rank, ``[sq_sent, sq_total, nonfinite]`` (float64) + k values + k int32
+  indices as raw bytes into one ``uint8`` allgather, so every dtype works and one op is submitted;
+- AR-Topk appends ``N + 1`` entries to the k values it allreduces: a one-hot "non-finite" flag per
+  rank and the rank's gain, so every rank learns whether any rank saw NaN/Inf and the mean gain.
+
+If any rank's error-fed gradient is non-finite, every rank learns it from the same collective and
+the step is skipped consistently: the residuals keep their previous values (the error-fed buffer is a
+separate tensor until :func:`finish` commits it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from .error_feedback import commit_residual, gain, has_nonfinite, squared_norm
+from .messages import GradMessage
+from .selectors import star_root, var_root
+from .topk import k_for, select_topk
+
+__all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish"]
+
+_EXTRA_AG = 3  # float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite
+_F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What every rank agrees on for one step. ``average``: divide the sum by ``size``.
+    ``predivide``: Horovod's gradient_predivide_factor (values are scaled by 1/f before the sum and
+    f/size after it)."""
+
+    step: int
+    rank: int
+    size: int
+    cr: float
+    path: str  # "allgather" | "allreduce" | "dense"
+    selector: str = "star"  # AR-Topk only
+    average: bool = True
+    predivide: float = 1.0
+    process_set: Any = None
+    hvd: Any = None  # the horovod.torch module
+
+
+@dataclass
+class Pending:
+    """A message in flight. ``error_fed`` is the step's ``G``; ``handle`` the current collective."""
+
+    msg: GradMessage
+    cfg: StepConfig
+    error_fed: torch.Tensor
+    k: int
+    sq_total: float
+    nonfinite_local: bool
+    handle: Any = None
+    phase: str = "launched"
+    indices: Optional[torch.Tensor] = None
+    root: Optional[int] = None
+    bytes_sent: int = 0
+    compress_s: float = 0.0
+    comm_s: float = 0.0
+    comm_started: float = 0.0
+
+
+@dataclass
+class MessageOutcome:
+    """The result of one message's step, for the optimizer's statistics."""
+
+    result: torch.Tensor
+    skipped: bool
+    nonfinite_ranks: list = field(default_factory=list)
+    gain: float = 1.0
+    k: int = 0
+    root: Optional[int] = None
+    bytes_sent: int = 0
+    compress_s: float = 0.0
+    comm_s: float = 0.0
+
+
+def _collective_kwargs(cfg: StepConfig) -> dict:
+    return {} if cfg.process_set is None else {"process_set": cfg.process_set}
+
+
+def _generator(cfg: StepConfig, msg: GradMessage) -> torch.Generator:
+    # Seed of the threshold sample: deterministic in (step, message), so resumed runs repeat.
+    return torch.Generator().manual_seed((cfg.step * 1_000_003 + msg.index) & 0x7FFFFFFF)
+
+
+def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
+    """Error-feed the message's gradients, select, and submit the first collective."""
+    hvd = cfg.hvd
+    t0 = time.perf_counter()
+    error_fed = msg.flat_grads().add_(msg.residual)
+    sq_total = squared_norm(error_fed)
+    nonfinite = has_nonfinite(error_fed, sq_total)
+    k = msg.numel if cfg.path == "dense" else k_for(cfg.cr, msg.numel)
+    pending = Pending(msg, cfg, error_fed, k, sq_total, nonfinite)
+    kw = _collective_kwargs(cfg)
+
+    if cfg.path == "dense":
+        pre = 1.0 / cfg.predivide if cfg.average else 1.0
+        post = cfg.predivide if cfg.average else 1.0
+        op = hvd.Average if cfg.average else hvd.Sum
+        pending.bytes_sent = error_fed.numel() * error_fed.element_size()
+        pending.compress_s = time.perf_counter() - t0
+        pending.comm_started = time.perf_counter()
+        pending.handle = hvd.allreduce_async_(error_fed, name=msg.name + ".dense", op=op,
+                                              prescale_factor=pre, postscale_factor=post, **kw)
+        return pending
+
+    if cfg.path == "allgather":
+        idx = select_topk(error_fed, k, _generator(cfg, msg))
+        values = error_fed.index_select(0, idx.long())
+        sq_sent = squared_norm(values)
+        if cfg.average and cfg.predivide != 1.0:
+            values = values * (1.0 / cfg.predivide)
+        extras = torch.tensor([sq_sent, sq_total if not nonfinite else 0.0, float(nonfinite)],
+                              dtype=_F64)
+        payload = torch.cat([extras.view(torch.uint8), values.view(torch.uint8),
+                             idx.view(torch.uint8)])
+        pending.indices = idx
+        pending.bytes_sent = payload.numel()
+        pending.compress_s = time.perf_counter() - t0
+        pending.comm_started = time.perf_counter()
+        pending.handle = hvd.allgather_async(payload, name=msg.name + ".ag", **kw)
+        return pending
+
+    if cfg.path != "allreduce":
+        raise ValueError(f"unknown path {cfg.path!r}")
+    local_idx = None
+    if cfg.selector == "var":
+        local_idx = select_topk(error_fed, k, _generator(cfg, msg))
+        local_sq = squared_norm(error_fed.index_select(0, local_idx.long()))
+        pending.compress_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        norms = hvd.allgather(torch.tensor([local_sq], dtype=_F64), name=msg.name + ".var", **kw)
+        pending.comm_s += time.perf_counter() - t1
+        t0 = time.perf_counter()
+        root = var_root(norms.tolist())
+        pending.bytes_sent += 8
+    else:
+        root = star_root(cfg.step, cfg.size)
+    if cfg.rank == root:
+        idx = local_idx if local_idx is not None else select_topk(error_fed, k,
+                                                                   _generator(cfg, msg))
+    else:
+        idx = torch.empty(k, dtype=torch.int32)
+    pending.root = root
+    pending.indices = idx
+    pending.bytes_sent += idx.numel() * idx.element_size()
+    pending.compress_s += time.perf_counter() - t0
+    pending.comm_started = time.perf_counter()
+    pending.handle = hvd.broadcast_async_(idx, root, name=msg.name + ".idx", **kw)
+    return pending
+
+
+def advance(pending: Pending) -> None:
+    """AR-Topk: wait for the root's indices, then submit the allreduce of this rank's values."""
+    if pending.cfg.path != "allreduce" or pending.phase != "launched":
+        return
+    cfg, hvd = pending.cfg, pending.cfg.hvd
+    hvd.synchronize(pending.handle)
+    t0 = time.perf_counter()
+    pending.comm_s += t0 - pending.comm_started
+    idx = pending.indices
+    values = pending.error_fed.index_select(0, idx.long())
+    local_gain = gain(squared_norm(values), pending.sq_total) if not pending.nonfinite_local else 0.0
+    if cfg.average and cfg.predivide != 1.0:
+        values = values * (1.0 / cfg.predivide)
+    extras = torch.zeros(cfg.size + 1, dtype=values.dtype)
+    extras[cfg.rank] = 1.0 if pending.nonfinite_local else 0.0
+    extras[cfg.size] = local_gain
+    payload = torch.cat([values, extras])
+    pending.bytes_sent += payload.numel() * payload.element_size()
+    pending.phase = "reducing"
+    pending.compress_s += time.perf_counter() - t0
+    pending.comm_started = time.perf_counter()
+    pending.handle = hvd.allreduce_async_(payload, name=pending.msg.name + ".ar", op=hvd.Sum,
+                                          **_collective_kwargs(cfg))
+
+
+def finish(pending: Pending) -> MessageOutcome:
+    """Wait for the last collective, aggregate into a dense result, commit the residual.
+
+    On a skipped step (some rank's ``G`` was non-finite) the residual is left as it was and the
+    result is all zeros.
+    """
+    advance(pending)
+    cfg, hvd, msg = pending.cfg, pending.cfg.hvd, pending.msg
+    output = hvd.synchronize(pending.handle)
+    t0 = time.perf_counter()
+    pending.comm_s += t0 - pending.comm_started
+    n, size, k = msg.numel, cfg.size, pending.k
+    outcome = MessageOutcome(result=output, skipped=False, k=k, root=pending.root,
+                             bytes_sent=pending.bytes_sent)
+
+    if cfg.path == "dense":
+        # every rank holds the same reduced tensor, so this decision is identical on all ranks
+        reduced_sq = squared_norm(output)
+        if has_nonfinite(output, reduced_sq):
+            outcome.skipped = True
+            outcome.nonfinite_ranks = [cfg.rank] if pending.nonfinite_local else []
+        else:
+            msg.residual.zero_()
+            outcome.gain = 1.0
+    elif cfg.path == "allgather":
+        rows = output.view(size, -1)
+        value_bytes = k * msg.residual.element_size()
+        extras = rows[:, :8 * _EXTRA_AG].contiguous().view(_F64)
+        values = rows[:, 8 * _EXTRA_AG:8 * _EXTRA_AG + value_bytes].contiguous().view(msg.dtype)
+        indices = rows[:, 8 * _EXTRA_AG + value_bytes:].contiguous().view(torch.int32)
+        flags = extras[:, 2]
+        if bool((flags != 0).any()):
+            outcome.skipped = True
+            outcome.nonfinite_ranks = [int(r) for r in torch.nonzero(flags).view(-1)]
+        else:
+            result = torch.zeros(n, dtype=msg.dtype)
+            result.index_add_(0, indices.reshape(-1).long(), values.reshape(-1))
+            if cfg.average:
+                result.mul_(cfg.predivide / size)
+            outcome.result = result
+            outcome.gain = gain(float(extras[:, 0].sum()), float(extras[:, 1].sum()))
+            msg.residual = commit_residual(pending.error_fed, pending.indices)
+    else:
+        values, flags, gain_sum = output[:k], output[k:k + size], output[k + size]
+        if bool((flags != 0).any()):
+            outcome.skipped = True
+            outcome.nonfinite_ranks = [int(r) for r in torch.nonzero(flags).view(-1)]
+        else:
+            if cfg.average:
+                values = values * (cfg.predivide / size)
+            result = torch.zeros(n, dtype=msg.dtype)
+            result.index_copy_(0, pending.indices.long(), values)
+            outcome.result = result
+            outcome.gain = min(1.0, max(0.0, float(gain_sum) / size))
+            msg.residual = commit_residual(pending.error_fed, pending.indices)
+    if outcome.skipped:
+        outcome.result = torch.zeros(n, dtype=msg.dtype)
+    outcome.compress_s = pending.compress_s + (time.perf_counter() - t0)
+    outcome.comm_s = pending.comm_s
+    pending.phase = "done"
+    return outcome

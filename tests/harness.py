@@ -1,0 +1,89 @@
+"""Run a test body on N Horovod ranks with ``horovodrun`` and collect each rank's result.
+
+``run_parallel("tests.mp_bodies:ag_matches_reference", np=2, cr=0.1)`` launches
+``horovodrun -np 2 -H localhost:2 --gloo python -m tests.rank_main ...``; every rank calls the named
+function with the keyword arguments and pickles its return value (or its traceback) to a file. The
+helper returns the list of per-rank results, ordered by rank, or fails the test with every rank's
+error and the launcher's output. A hard timeout kills the whole process group, so no test hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def horovod_env(extra: dict | None = None) -> dict:
+    """Environment for launching ranks: the venv first on PATH, Open MPI allowed as root, one
+    compute thread per rank (2 cores here), and the repository importable."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("HOROVOD_LOG_LEVEL", "warning")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def launcher_argv(np: int, controller: str) -> list[str]:
+    if controller == "gloo":
+        return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
+    if controller == "mpi":
+        return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--mpi",
+                "--mpi-args=--oversubscribe --bind-to none"]
+    if controller == "mpirun":
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                "-np", str(np), "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]
+    raise ValueError(f"unknown controller {controller!r}")
+
+
+def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: float = 120,
+                 expect_failure: bool = False, env: dict | None = None, **kwargs: Any) -> list:
+    """Run ``module:function(**kwargs)`` on ``np`` ranks; return the per-rank results.
+
+    With ``expect_failure=True`` the ranks are expected to raise: the per-rank outcomes are then
+    returned as ``("error", traceback_text)`` / ``("ok", value)`` tuples instead of failing.
+    """
+    with tempfile.TemporaryDirectory(prefix="hvdfc-test-") as outdir:
+        argv = launcher_argv(np, controller) + [
+            sys.executable, "-m", "tests.rank_main", target, outdir, json.dumps(kwargs)]
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=horovod_env(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            pytest.fail(f"{target} on {np} ranks ({controller}) timed out after {timeout:.0f} s; "
+                        f"output:\n{output[-6000:]}")
+        outcomes = []
+        for rank in range(np):
+            path = Path(outdir) / f"rank{rank}.pkl"
+            if path.exists():
+                with open(path, "rb") as fh:
+                    outcomes.append(pickle.load(fh))
+            else:
+                outcomes.append(("missing", None))
+    if expect_failure:
+        return outcomes
+    errors = [(r, o) for r, o in enumerate(outcomes) if o[0] != "ok"]
+    if errors or proc.returncode != 0:
+        details = "\n".join(f"--- rank {r}: {o[0]}\n{o[1]}" for r, o in errors)
+        pytest.fail(f"{target} on {np} ranks ({controller}) failed (exit {proc.returncode}):\n"
+                    f"{details}\n--- launcher output:\n{output[-6000:]}")
+    return [o[1] for o in outcomes]
