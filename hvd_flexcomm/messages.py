@@ -10,7 +10,7 @@ soon as all of its gradients are ready, overlapping communication with the rest 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -19,8 +19,9 @@ import hashlib
 import logging
 import time
 import warnings
+from collections.abc import Iterable
 from contextlib import contextmanager  # noqa: F401  (re-exported behaviour via Horovod's dict)
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 

@@ -5,6 +5,8 @@ Each body returns plain data (floats, lists, bools) that the pytest side checks.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import hvd_flexcomm
@@ -17,9 +19,9 @@ def _model(seed: int = 0, wide: int = 64) -> torch.nn.Module:
                                torch.nn.Linear(wide * 4, 3))
 
 
-def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(step: int, rank: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(32, 40, generator=g), torch.randint(0, 3, (32,), generator=g)
+    return torch.randn(n, 40, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
 def _flat(params) -> torch.Tensor:
@@ -27,65 +29,298 @@ def _flat(params) -> torch.Tensor:
                       for p in params])
 
 
-def _mode(kind: str, cr: float, granularity: str = "model"):
+def _mode(kind: str, cr: float, granularity: str = "model", bucket_cap_mb: float = 25.0):
     if kind == "ag":
-        return hvd_flexcomm.AGTopk(cr=cr, granularity=granularity)
+        return hvd_flexcomm.AGTopk(cr=cr, granularity=granularity, bucket_cap_mb=bucket_cap_mb)
     if kind in ("star", "var"):
-        return hvd_flexcomm.ARTopk(cr=cr, selector=kind, granularity=granularity)
+        return hvd_flexcomm.ARTopk(cr=cr, selector=kind, granularity=granularity,
+                                   bucket_cap_mb=bucket_cap_mb)
     if kind == "dense":
         return hvd_flexcomm.Dense()
     raise ValueError(kind)
 
 
-def compressed_matches_reference(kind: str, cr: float, steps: int = 6, wide: int = 64) -> dict:
+def _reference_step(kind: str, fed: torch.Tensor, k: int, step: int):
+    """Reference aggregation of one message from every rank's error-fed vector ``fed`` (n, numel).
+    Returns (sum over ranks of what is sent, new residuals (n, numel), root)."""
+    n = fed.shape[0]
+    total = torch.zeros(fed.shape[1])
+    residuals = fed.clone()
+    if kind == "ag":
+        for r in range(n):
+            idx = torch.topk(fed[r].abs(), k).indices
+            total[idx] += fed[r][idx]
+            residuals[r][idx] = 0
+        return total, residuals, None
+    if kind == "star":
+        root = step % n
+    else:
+        norms = [float(fed[r][torch.topk(fed[r].abs(), k).indices].pow(2).sum()) for r in range(n)]
+        root = max(range(n), key=lambda r: (norms[r], -r))
+    idx = torch.topk(fed[root].abs(), k).indices
+    total[idx] = fed[:, idx].sum(0)
+    residuals[:, idx] = 0
+    return total, residuals, root
+
+
+def compressed_matches_reference(kind: str, cr: float, steps: int = 6, wide: int = 64,
+                                 granularity: str = "model", bucket_cap_mb: float = 25.0,
+                                 passes: int = 1) -> dict:
     """Train a few steps; on every step compare the aggregated gradient and this rank's residual
-    with a reference computed from all ranks' raw gradients (gathered densely)."""
+    of every message with a reference computed from all ranks' raw gradients (gathered densely).
+    ``passes`` > 1 accumulates that many backward passes per step."""
     import horovod.torch as hvd
 
     n, rank = hvd.size(), hvd.rank()
     model = _model(wide=wide)
-    params = list(model.parameters())
-    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                            named_parameters=model.named_parameters(),
-                                            compression=_mode(kind, cr))
-    numel = sum(p.numel() for p in params)
-    k = hvd_flexcomm.k_for(cr, numel)
-    residuals = torch.zeros(n, numel)  # reference residual of every rank
+    opt = hvd_flexcomm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+        compression=_mode(kind, cr, granularity, bucket_cap_mb), backward_passes_per_step=passes)
+    messages = opt._flex_messages
+    ref_res = [torch.zeros(n, m.numel) for m in messages]
     max_err, max_res_err, roots, stats = 0.0, 0.0, [], []
     for step in range(steps):
-        x, y = _batch(step, rank)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        raw = hvd.allgather(_flat(params).unsqueeze(0), name=f"ref.raw.{step}")  # (n, numel)
-        fed = raw + residuals
-        expected = torch.zeros(numel)
-        if kind == "ag":
-            for r in range(n):
-                idx = torch.topk(fed[r].abs(), k).indices
-                expected[idx] += fed[r][idx]
-                residuals[r] = fed[r]
-                residuals[r][idx] = 0
-            root = None
-        else:
-            if kind == "star":
-                root = step % n
-            else:
-                norms = [float(fed[r][torch.topk(fed[r].abs(), k).indices].pow(2).sum())
-                         for r in range(n)]
-                root = max(range(n), key=lambda r: (norms[r], -r))
-            idx = torch.topk(fed[root].abs(), k).indices
-            expected[idx] = fed[:, idx].sum(0)
-            residuals = fed.clone()
-            residuals[:, idx] = 0
-        expected /= n
+        for p in range(passes):
+            x, y = _batch(step * 10 + p, rank)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        step_roots = []
+        expected = []
+        for i, m in enumerate(messages):
+            raw = hvd.allgather(_flat(m.params).unsqueeze(0), name=f"ref.raw.{step}.{i}")
+            total, ref_res[i], root = _reference_step(kind, raw + ref_res[i],
+                                                      hvd_flexcomm.k_for(cr, m.numel), step)
+            expected.append(total / n)
+            step_roots.append(root)
         opt.synchronize()
-        got = _flat(params)
-        max_err = max(max_err, float((got - expected).abs().max()))
-        own = opt._flex_messages[0].residual
-        max_res_err = max(max_res_err, float((own - residuals[rank]).abs().max()))
-        roots.append(opt.last_stats["root_rank"])
+        for i, m in enumerate(messages):
+            max_err = max(max_err, float((_flat(m.params) - expected[i]).abs().max()))
+            max_res_err = max(max_res_err, float((m.residual - ref_res[i][rank]).abs().max()))
+        roots.append((opt.last_stats["root_rank"], step_roots[0]))
         stats.append(dict(opt.last_stats))
         with opt.skip_synchronize():
             opt.step()
-    return {"max_err": max_err, "max_res_err": max_res_err, "roots": roots, "k": k,
-            "stats": stats, "expected_roots": None}
+    return {"max_err": max_err, "max_res_err": max_res_err, "roots": roots,
+            "messages": len(messages), "stats": stats}
+
+
+def all_modes_match_reference(cr: float = 0.05, steps: int = 5) -> dict:
+    """AG, STAR and VAR (model granularity) and AG/STAR with buckets, in one launch."""
+    out = {}
+    for kind in ("ag", "star", "var"):
+        out[kind] = compressed_matches_reference(kind, cr, steps)
+    for kind in ("ag", "star"):
+        out[kind + "_bucket"] = compressed_matches_reference(kind, cr, steps, granularity="bucket",
+                                                             bucket_cap_mb=0.02)
+    return out
+
+
+def cr_one_equals_horovod(steps: int = 5) -> dict:
+    """cr = 1 (AG and AR) and Dense() train exactly like hvd.DistributedOptimizer."""
+    import horovod.torch as hvd
+
+    def run(make):
+        model = _model(seed=3)
+        opt = make(model)
+        for step in range(steps):
+            x, y = _batch(step, hvd.rank())
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    ref, _ = run(lambda m: hvd.DistributedOptimizer(sgd(m), named_parameters=m.named_parameters()))
+    diffs, paths = {}, {}
+    for name, mode in (("dense", hvd_flexcomm.Dense()), ("ag1", hvd_flexcomm.AGTopk(cr=1.0)),
+                       ("star1", hvd_flexcomm.ARTopk(cr=1.0)),
+                       ("var1", hvd_flexcomm.ARTopk(cr=1.0, selector="var"))):
+        got, opt = run(lambda m, mode=mode: hvd_flexcomm.DistributedOptimizer(
+            sgd(m), named_parameters=m.named_parameters(), compression=mode))
+        diffs[name] = float((got - ref).abs().max())
+        paths[name] = opt.last_stats["collective"]
+    return {"diffs": diffs, "paths": paths}
+
+
+def disagreeing_config(what: str) -> str:
+    """Ranks differ in cr / compressor / parameter names: every rank must raise ValueError."""
+    import horovod.torch as hvd
+
+    rank = hvd.rank()
+    model = _model()
+    named = list(model.named_parameters())
+    mode = hvd_flexcomm.ARTopk(cr=0.01)
+    if what == "cr":
+        mode = hvd_flexcomm.ARTopk(cr=0.01 if rank == 0 else 0.02)
+    elif what == "compressor":
+        mode = hvd_flexcomm.ARTopk(cr=0.01) if rank == 0 else hvd_flexcomm.AGTopk(cr=0.01)
+    elif what == "names":
+        named = [((f"r{rank}." if rank == 1 else "") + k, v) for k, v in named]
+    elif what == "selector":
+        mode = hvd_flexcomm.ARTopk(cr=0.01, selector="star" if rank == 0 else "var")
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                            named_parameters=named, compression=mode)
+    x, y = _batch(0, rank)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    return "no error"
+
+
+def accumulation_overflow_raises() -> str:
+    """More backward passes than backward_passes_per_step raises Horovod's AssertionError."""
+    import horovod.torch as hvd
+
+    model = _model()
+    hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(),
+                                      compression=hvd_flexcomm.AGTopk(cr=0.1),
+                                      backward_passes_per_step=2)
+    for step in range(3):
+        x, y = _batch(step, hvd.rank())
+        try:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        except AssertionError as exc:
+            return f"step {step}: {exc}"
+    return "no error"
+
+
+class _Odd(torch.nn.Module):
+    """A model with a frozen layer, a layer unused in forward, and a sparse embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = torch.nn.Embedding(50, 8, sparse=True)
+        self.frozen = torch.nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.head = torch.nn.Linear(8, 3)
+        self.unused = torch.nn.Linear(8, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.frozen(self.emb(tokens).mean(1))))
+
+
+def odd_parameters(kind: str) -> dict:
+    """Frozen params stay frozen, unused params get zero grads, sparse grads are handled; the
+    gradient-clipping pattern (synchronize, clip, skip_synchronize, step) works."""
+    import horovod.torch as hvd
+
+    model = _Odd()
+    frozen_before = model.frozen.weight.detach().clone()
+    unused_before = model.unused.weight.detach().clone()
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                            named_parameters=model.named_parameters(),
+                                            compression=_mode(kind, 0.2))
+    losses = []
+    for step in range(4):
+        g = torch.Generator().manual_seed(step * 7 + hvd.rank())
+        tokens = torch.randint(0, 50, (16, 5), generator=g)
+        y = torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(tokens), y)
+        loss.backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with opt.skip_synchronize():
+            opt.step()
+        losses.append(float(loss))
+    return {
+        "frozen_unchanged": bool(torch.equal(model.frozen.weight, frozen_before)),
+        "unused_unchanged": bool(torch.equal(model.unused.weight, unused_before)),
+        "emb_grad_is_sparse": bool(model.emb.weight.grad.is_sparse),
+        "losses_finite": all(math.isfinite(v) for v in losses),
+        "params_equal_across_ranks": _params_agree(model),
+    }
+
+
+def _params_agree(model: torch.nn.Module) -> bool:
+    import horovod.torch as hvd
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat.unsqueeze(0), name="agree.check")
+    return bool((everyone - everyone[0]).abs().max() == 0)
+
+
+def nonfinite_step_is_skipped(kind: str) -> dict:
+    """A NaN in rank 1's gradient at step 2: every rank skips that step, keeps its residual."""
+    import horovod.torch as hvd
+
+    model = _model()
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                            named_parameters=model.named_parameters(),
+                                            compression=_mode(kind, 0.05))
+    out = {"skipped": [], "params_unchanged_on_skip": None, "residual_kept": None}
+    for step in range(4):
+        x, y = _batch(step, hvd.rank())
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if step == 2 and hvd.rank() == 1:
+            next(model.parameters()).grad[0, 0] = float("nan")
+        before = [p.detach().clone() for p in model.parameters()]
+        residual_before = opt._flex_messages[0].residual.clone()
+        opt.step()
+        out["skipped"].append(opt.last_stats["skipped"])
+        if step == 2:
+            out["nonfinite_ranks"] = opt.last_stats["nonfinite_ranks"]
+            out["params_unchanged_on_skip"] = all(
+                torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            out["residual_kept"] = bool(torch.equal(residual_before,
+                                                    opt._flex_messages[0].residual))
+    out["params_agree"] = _params_agree(model)
+    out["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return out
+
+
+def checkpoint_resume(kind: str, steps: int = 8) -> float:
+    """Run 8 steps; vs run 4, save (per rank), rebuild model + optimizer, load, run 4: the
+    parameters are identical."""
+    import io
+
+    import horovod.torch as hvd
+
+    def build():
+        model = _model(seed=5)
+        opt = hvd_flexcomm.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            named_parameters=model.named_parameters(), compression=_mode(kind, 0.05))
+        return model, opt
+
+    def run(model, opt, first, last):
+        for step in range(first, last):
+            x, y = _batch(step, hvd.rank())
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    model, opt = build()
+    run(model, opt, 0, steps)
+    straight = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    model, opt = build()
+    run(model, opt, 0, steps // 2)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
+    buf.seek(0)
+    model, opt = build()
+    saved = torch.load(buf, weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    run(model, opt, steps // 2, steps)
+    resumed = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return float((straight - resumed).abs().max())
+
+
+def train_accuracy(runs: list, epochs: int = 2, train_size: int = 0) -> dict:
+    """Train LeNet-5 on real Fashion-MNIST once per compression in ``runs``; final accuracies."""
+    from hvd_flexcomm.training import TrainConfig, train
+
+    out = {}
+    for spec in runs:
+        kind, cr = spec.split(":")
+        cfg = TrainConfig(compression=kind, cr=float(cr), epochs=epochs, train_size=train_size,
+                          lr=0.01, batch_size=64)
+        res = train(cfg)
+        out[spec] = {"acc": res.final_test_accuracy, "collectives": res.collectives,
+                     "wall_s": res.wall_s}
+    return out

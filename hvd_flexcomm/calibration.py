@@ -1,0 +1,444 @@
+"""Online calibration of collective costs from timed operations.
+
+The textbook alpha-beta forms (:mod:`hvd_flexcomm.cost_model`) do not describe what Horovod, Gloo
+and MPI actually do: Horovod adds a fixed cost of about 1-3 ms per operation (its background cycle),
+and its allgather costs 2-4x an allreduce of the same bytes (environment.md, "Baseline costs"). So
+every collective kind gets its own measured line for the current world size::
+
+    t_ms(bytes) = a_ms + b_ms_per_byte * bytes,      a_ms >= 0, b_ms_per_byte >= 0
+
+Units: sizes are **bytes**, times **milliseconds**, ``b`` is **ms per byte**. For an allgather,
+``bytes`` is the payload each rank contributes (not the gathered total); for a broadcast, the
+broadcast buffer; for an allreduce, the reduced buffer.
+
+The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
+
+1. keep the most recent ``window`` samples (``bytes``, ``ms``);
+2. **robustness**: collapse repeated measurements at the same byte size to their *median* (an
+   isolated outlier at a size measured three or more times has no effect);
+3. weighted least squares (``np.linalg.lstsq``) of ``a + b·x`` through the per-size medians, with
+   weight ``count / median²`` on each squared residual, i.e. *relative* errors, counted once per
+   sample: a size measured often pins the line, and small sizes (where the fixed cost dominates)
+   matter as much as large ones;
+4. **constraints** ``a >= 0`` and ``b >= 0``: if the unconstrained ``b < 0``, ``b = 0`` and ``a`` is
+   the weighted mean of the medians; if ``a < 0``, ``a = 0`` and ``b`` is refitted by weighted least
+   squares through the origin (both cannot be negative, since all times are >= 0);
+5. **a single distinct size** ``x0`` with median ``y0`` cannot separate ``a`` from ``b``. Then a
+   *slope prior* is used if there is one: the slope of the most recent fit that had two or more
+   sizes, else the ``prior_b_ms_per_byte`` given to the constructor; ``b = min(prior, y0/x0)`` and
+   ``a = y0 - b·x0``. Without a prior, ``a = 0`` and ``b = y0/x0`` (pure ratio); if ``x0 == 0``,
+   ``a = y0`` and ``b = 0``. Either way the line passes through the measured point exactly. This
+   matters in steady state, when every step measures the same k and the probe sizes have left the
+   window: the level keeps tracking the measurements and the split keeps the last known slope.
+
+Refits happen on every :meth:`LinearCostFit.add` (at most ``window`` points: tens of microseconds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = [
+    "KINDS",
+    "CollectiveCostModel",
+    "DriftDetector",
+    "LinearCostFit",
+    "NotCalibratedError",
+    "probe_sizes",
+]
+
+#: Collective kinds that get their own fitted line.
+KINDS: tuple[str, str, str] = ("allgather", "broadcast", "allreduce")
+
+#: Medians below this many ms are treated as this value when forming relative weights.
+_MIN_MS_FOR_WEIGHT = 1e-6
+
+_DICT_VERSION = 1
+
+
+class NotCalibratedError(RuntimeError):
+    """A prediction was requested from a fit that has no samples."""
+
+
+def _check_sample(nbytes: float, ms: float) -> None:
+    if not (math.isfinite(nbytes) and nbytes >= 0):
+        raise ValueError(f"bytes must be finite and >= 0, got {nbytes!r}")
+    if not (math.isfinite(ms) and ms >= 0):
+        raise ValueError(f"measured ms must be finite and >= 0, got {ms!r}")
+
+
+class LinearCostFit:
+    """Robust, constrained line ``t_ms = a_ms + b_ms_per_byte·bytes`` over a bounded window.
+
+    See the module docstring for the procedure. Invariants: ``a_ms >= 0``, ``b_ms_per_byte >= 0``,
+    ``n_samples <= window``; :meth:`predict_ms` is non-decreasing in ``bytes``.
+    """
+
+    def __init__(self, window: int = 64, prior_b_ms_per_byte: Optional[float] = None) -> None:
+        """``window``: number of most recent samples kept (>= 1). ``prior_b_ms_per_byte``: optional
+        slope (ms per byte, >= 0) used only while the window holds a single distinct size and no
+        multi-size fit has been seen yet."""
+        if int(window) != window or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        if prior_b_ms_per_byte is not None and not (
+            math.isfinite(prior_b_ms_per_byte) and prior_b_ms_per_byte >= 0
+        ):
+            raise ValueError(
+                f"prior_b_ms_per_byte must be finite and >= 0, got {prior_b_ms_per_byte!r}"
+            )
+        self.window = int(window)
+        self.prior_b_ms_per_byte = prior_b_ms_per_byte
+        self._samples: deque[tuple[float, float]] = deque(maxlen=self.window)
+        self._learned_b: Optional[float] = None  # slope of the latest fit with >= 2 sizes
+        self._a: Optional[float] = None
+        self._b: Optional[float] = None
+
+    # -- samples ---------------------------------------------------------------------------------
+
+    def add(self, nbytes: float, ms: float) -> None:
+        """Record one measurement (``nbytes`` bytes took ``ms`` milliseconds) and refit."""
+        _check_sample(nbytes, ms)
+        self._samples.append((float(nbytes), float(ms)))
+        self._refit()
+
+    def extend(self, samples: Iterable[tuple[float, float]]) -> None:
+        """Record several ``(bytes, ms)`` measurements, oldest first."""
+        for nbytes, ms in samples:
+            self.add(nbytes, ms)
+
+    @property
+    def n_samples(self) -> int:
+        """Number of samples in the window."""
+        return len(self._samples)
+
+    @property
+    def n_sizes(self) -> int:
+        """Number of distinct byte sizes in the window."""
+        return len({x for x, _ in self._samples})
+
+    @property
+    def samples(self) -> list[tuple[float, float]]:
+        """The window's ``(bytes, ms)`` samples, oldest first (a copy)."""
+        return list(self._samples)
+
+    @property
+    def has_slope(self) -> bool:
+        """True when ``a`` and ``b`` are separately identified: two or more sizes in the window, or
+        a slope prior (learned from an earlier multi-size fit, or given)."""
+        return self.n_sizes >= 2 or self._slope_prior() is not None
+
+    def reset(self) -> None:
+        """Forget all samples and the learned slope (the constructor's prior is kept)."""
+        self._samples.clear()
+        self._learned_b = None
+        self._a = None
+        self._b = None
+
+    # -- fit -------------------------------------------------------------------------------------
+
+    def _slope_prior(self) -> Optional[float]:
+        return self._learned_b if self._learned_b is not None else self.prior_b_ms_per_byte
+
+    def _refit(self) -> None:
+        if not self._samples:
+            self._a = self._b = None
+            return
+        data = np.asarray(self._samples, dtype=np.float64)
+        sizes, inverse, counts = np.unique(data[:, 0], return_inverse=True, return_counts=True)
+        medians = np.array([np.median(data[inverse == i, 1]) for i in range(len(sizes))])
+        if len(sizes) == 1:
+            self._a, self._b = self._fit_single(float(sizes[0]), float(medians[0]))
+            return
+        self._a, self._b = _weighted_constrained_line(sizes, medians, counts)
+        self._learned_b = self._b
+
+    def _fit_single(self, x0: float, y0: float) -> tuple[float, float]:
+        prior = self._slope_prior()
+        if x0 <= 0.0:
+            return y0, (prior if prior is not None else 0.0)
+        ratio = y0 / x0
+        if prior is None:
+            return 0.0, ratio
+        b = min(prior, ratio)
+        return max(y0 - b * x0, 0.0), b
+
+    def _require(self) -> tuple[float, float]:
+        if self._a is None or self._b is None:
+            raise NotCalibratedError("no samples: add measurements before predicting")
+        return self._a, self._b
+
+    @property
+    def a_ms(self) -> float:
+        """Fixed cost per operation, ms (>= 0). Raises :class:`NotCalibratedError` when empty."""
+        return self._require()[0]
+
+    @property
+    def b_ms_per_byte(self) -> float:
+        """Cost per byte, ms/byte (>= 0). Raises :class:`NotCalibratedError` when empty."""
+        return self._require()[1]
+
+    def predict_ms(self, nbytes: float) -> float:
+        """Predicted time in ms for ``nbytes`` bytes (>= 0)."""
+        if not (math.isfinite(nbytes) and nbytes >= 0):
+            raise ValueError(f"bytes must be finite and >= 0, got {nbytes!r}")
+        a, b = self._require()
+        return a + b * float(nbytes)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (window, prior, learned slope, samples)."""
+        return {
+            "version": _DICT_VERSION,
+            "window": self.window,
+            "prior_b_ms_per_byte": self.prior_b_ms_per_byte,
+            "learned_b_ms_per_byte": self._learned_b,
+            "samples": [[x, y] for x, y in self._samples],
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> LinearCostFit:
+        """Rebuild a fit saved by :meth:`to_dict`; predictions are identical."""
+        if state.get("version") != _DICT_VERSION:
+            raise ValueError(f"unsupported LinearCostFit state version {state.get('version')!r}")
+        fit = cls(window=int(state["window"]), prior_b_ms_per_byte=state["prior_b_ms_per_byte"])
+        for x, y in state["samples"]:
+            _check_sample(float(x), float(y))
+            fit._samples.append((float(x), float(y)))
+        learned = state.get("learned_b_ms_per_byte")
+        fit._learned_b = None if learned is None else float(learned)
+        fit._refit()  # with >= 2 sizes this recomputes the same slope; with 1 it uses `learned`
+        return fit
+
+    def __repr__(self) -> str:
+        if self._a is None:
+            return f"LinearCostFit(window={self.window}, empty)"
+        return (
+            f"LinearCostFit(a_ms={self._a:.4g}, b_ms_per_byte={self._b:.4g}, "
+            f"n_samples={self.n_samples}, n_sizes={self.n_sizes})"
+        )
+
+
+def _weighted_constrained_line(
+    sizes: np.ndarray, medians: np.ndarray, counts: np.ndarray
+) -> tuple[float, float]:
+    """Constrained (a >= 0, b >= 0) weighted least-squares line through per-size medians.
+
+    Weight on each squared residual: ``count / max(median, tiny)²`` (relative error).
+    """
+    w = counts / np.maximum(medians, _MIN_MS_FOR_WEIGHT) ** 2
+    sw = np.sqrt(w)
+    x_scale = float(sizes.max())  # > 0: at least two distinct non-negative sizes
+    xs = sizes / x_scale
+    design = np.column_stack([np.ones_like(xs), xs]) * sw[:, None]
+    coef, *_ = np.linalg.lstsq(design, medians * sw, rcond=None)
+    a, b_scaled = float(coef[0]), float(coef[1])
+    if b_scaled < 0.0:
+        return float(np.sum(w * medians) / np.sum(w)), 0.0
+    if a < 0.0:
+        b_scaled = float(np.sum(w * xs * medians) / np.sum(w * xs * xs))
+        return 0.0, max(b_scaled, 0.0) / x_scale
+    return a, b_scaled / x_scale
+
+
+class CollectiveCostModel:
+    """One :class:`LinearCostFit` per collective kind (``KINDS``), for one world size.
+
+    Horovod's allgather cost depends on the bytes each rank contributes *and* on the number of
+    ranks; the fits hold for the ``world_size`` they were measured at, so the model is tied to it
+    (predictions for another ``n`` raise ``ValueError``; after an elastic resize, build a new
+    model). All sizes are bytes, all times ms.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        window: int = 64,
+        prior_b_ms_per_byte: Optional[Mapping[str, float]] = None,
+    ) -> None:
+        """``prior_b_ms_per_byte``: optional per-kind slope priors (see :class:`LinearCostFit`)."""
+        if int(world_size) != world_size or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        priors = dict(prior_b_ms_per_byte or {})
+        unknown = set(priors) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown collective kinds in priors: {sorted(unknown)}")
+        self.world_size = int(world_size)
+        self.window = int(window)
+        self.fits: dict[str, LinearCostFit] = {
+            kind: LinearCostFit(window, priors.get(kind)) for kind in KINDS
+        }
+
+    def _fit(self, kind: str) -> LinearCostFit:
+        try:
+            return self.fits[kind]
+        except KeyError:
+            raise ValueError(f"unknown collective kind {kind!r}; expected one of {KINDS}") from None
+
+    def observe(self, kind: str, nbytes: float, ms: float) -> None:
+        """Record that one ``kind`` operation on ``nbytes`` bytes (per rank) took ``ms`` ms."""
+        self._fit(kind).add(nbytes, ms)
+
+    def predict_ms(self, kind: str, nbytes: float) -> float:
+        """Predicted ms of one ``kind`` operation on ``nbytes`` bytes."""
+        return self._fit(kind).predict_ms(nbytes)
+
+    def predict_ag_topk_ms(
+        self,
+        k: int,
+        n: int,
+        value_bytes: int = 4,
+        index_bytes: int = 4,
+        extra_bytes: int = 0,
+    ) -> float:
+        """AG-Topk: **one** allgather whose per-rank payload packs ``k`` values, ``k`` indices and
+        ``extra_bytes`` of metadata, i.e. ``allgather((value_bytes + index_bytes)·k + extra)`` ms.
+
+        ``n`` must equal ``world_size`` (the fit is per world size). An implementation that sends
+        values and indices as two allgathers pays one more fixed cost than this predicts.
+        """
+        if n != self.world_size:
+            raise ValueError(f"model calibrated for world size {self.world_size}, asked for n={n}")
+        _check_k(k, value_bytes, index_bytes, extra_bytes)
+        return self.predict_ms("allgather", (value_bytes + index_bytes) * k + extra_bytes)
+
+    def predict_ar_topk_ms(
+        self, k: int, value_bytes: int = 4, index_bytes: int = 4, extra_bytes: int = 0
+    ) -> float:
+        """AR-Topk: broadcast of the root's ``k`` indices (plus ``extra_bytes`` of metadata packed
+        into the same message) + allreduce of ``k`` values, in ms:
+        ``broadcast(index_bytes·k + extra) + allreduce(value_bytes·k)``."""
+        _check_k(k, value_bytes, index_bytes, extra_bytes)
+        return self.predict_ms("broadcast", index_bytes * k + extra_bytes) + self.predict_ms(
+            "allreduce", value_bytes * k
+        )
+
+    def predict_dense_ms(self, numel: int, value_bytes: int = 4) -> float:
+        """Dense allreduce of ``numel`` elements of ``value_bytes`` bytes each, in ms."""
+        if numel < 0 or value_bytes <= 0:
+            raise ValueError(f"need numel >= 0 and value_bytes > 0, got {numel}, {value_bytes}")
+        return self.predict_ms("allreduce", value_bytes * numel)
+
+    def is_calibrated(self) -> bool:
+        """True when every kind has samples and an identified slope (``LinearCostFit.has_slope``:
+        two or more sizes in its window, or a learned/given slope prior)."""
+        return all(fit.n_samples > 0 and fit.has_slope for fit in self.fits.values())
+
+    def reset(self) -> None:
+        """Forget all measurements of every kind."""
+        for fit in self.fits.values():
+            fit.reset()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state of all fits."""
+        return {
+            "version": _DICT_VERSION,
+            "world_size": self.world_size,
+            "window": self.window,
+            "fits": {kind: fit.to_dict() for kind, fit in self.fits.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> CollectiveCostModel:
+        """Rebuild a model saved by :meth:`to_dict`."""
+        if state.get("version") != _DICT_VERSION:
+            raise ValueError(
+                f"unsupported CollectiveCostModel state version {state.get('version')!r}"
+            )
+        model = cls(world_size=int(state["world_size"]), window=int(state["window"]))
+        fits = state["fits"]
+        missing = set(KINDS) - set(fits)
+        if missing:
+            raise ValueError(f"state lacks fits for {sorted(missing)}")
+        model.fits = {kind: LinearCostFit.from_dict(fits[kind]) for kind in KINDS}
+        return model
+
+
+def _check_k(k: int, value_bytes: int, index_bytes: int, extra_bytes: int) -> None:
+    if k < 0 or value_bytes <= 0 or index_bytes < 0 or extra_bytes < 0:
+        raise ValueError(
+            "need k >= 0, value_bytes > 0, index_bytes >= 0, extra_bytes >= 0; got "
+            f"{k}, {value_bytes}, {index_bytes}, {extra_bytes}"
+        )
+
+
+def probe_sizes(
+    model_numel: int, crs: Iterable[float], bytes_per_element: int = 4, n_sizes: int = 3
+) -> list[int]:
+    """Byte sizes to time at start-up, spanning the k range of the candidate compression ratios.
+
+    ``k(c) = min(numel, max(1, round(c·numel)))`` (as :func:`hvd_flexcomm.topk.k_for`); the sizes
+    are ``n_sizes`` element counts spaced geometrically from ``k_min`` to ``k_max`` (so, by default,
+    min, geometric middle and max), rounded, de-duplicated and multiplied by ``bytes_per_element``
+    (4: fp32 values; pass 8 for a packed value+index allgather payload). If every CR gives the same
+    k, the range is widened down to ``max(1, k // 10)`` so that the fixed and per-byte costs can be
+    told apart. Returns a sorted list of distinct positive ints (bytes); empty if ``model_numel`` is
+    0. Pure function.
+    """
+    crs = [float(c) for c in crs]
+    if not crs:
+        raise ValueError("need at least one compression ratio")
+    if any(not (0.0 < c <= 1.0) for c in crs):
+        raise ValueError(f"compression ratios must be in (0, 1], got {crs}")
+    if model_numel < 0 or bytes_per_element <= 0 or n_sizes < 1:
+        raise ValueError("need model_numel >= 0, bytes_per_element > 0, n_sizes >= 1")
+    if model_numel == 0:
+        return []
+    ks = [min(model_numel, max(1, int(round(c * model_numel)))) for c in crs]
+    k_min, k_max = min(ks), max(ks)
+    if k_min == k_max:
+        k_min = max(1, k_max // 10)
+    if n_sizes == 1:
+        counts = [k_max]
+    else:
+        counts = np.rint(np.geomspace(k_min, k_max, n_sizes)).astype(np.int64).tolist()
+    return sorted({int(c) * int(bytes_per_element) for c in counts})
+
+
+class DriftDetector:
+    """Flags a sustained mismatch between predicted and measured times.
+
+    A step *violates* when ``|measured - predicted| / predicted > threshold`` (relative error; a
+    non-positive prediction counts as a violation whenever ``measured > 0``). :meth:`update` returns
+    True on the step that completes ``patience`` consecutive violations, and then starts counting
+    afresh (so a persistent drift fires again every ``patience`` steps until the model is
+    recalibrated). Any non-violating step resets the count: isolated outliers never fire.
+    """
+
+    def __init__(self, threshold: float = 0.25, patience: int = 5) -> None:
+        """``threshold``: relative error (fraction, > 0). ``patience``: consecutive steps (>= 1)."""
+        if not (math.isfinite(threshold) and threshold > 0):
+            raise ValueError(f"threshold must be finite and > 0, got {threshold!r}")
+        if int(patience) != patience or patience < 1:
+            raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
+        self.threshold = float(threshold)
+        self.patience = int(patience)
+        self.count = 0
+
+    def violates(self, predicted_ms: float, measured_ms: float) -> bool:
+        """Whether one (prediction, measurement) pair is off by more than ``threshold``."""
+        if not (math.isfinite(predicted_ms) and math.isfinite(measured_ms)):
+            raise ValueError(f"non-finite times: predicted={predicted_ms}, measured={measured_ms}")
+        if predicted_ms <= 0.0:
+            return measured_ms > 0.0
+        return abs(measured_ms - predicted_ms) / predicted_ms > self.threshold
+
+    def update(self, predicted_ms: float, measured_ms: float) -> bool:
+        """Feed one step (both in ms); True when this step completes ``patience`` violations."""
+        if self.violates(predicted_ms, measured_ms):
+            self.count += 1
+        else:
+            self.count = 0
+        if self.count >= self.patience:
+            self.count = 0
+            return True
+        return False
+
+    def reset(self) -> None:
+        """Clear the consecutive-violation count."""
+        self.count = 0

@@ -1,0 +1,107 @@
+"""Multi-process tests of the DistributedOptimizer (real horovodrun, Gloo unless stated)."""
+
+import pytest
+
+from tests.harness import run_parallel
+
+pytestmark = pytest.mark.slow
+
+
+def _check_reference(result: dict, n: int, kind: str) -> None:
+    assert result["max_err"] < 1e-5, (kind, result["max_err"])
+    assert result["max_res_err"] < 1e-5, (kind, result["max_res_err"])
+    for step, (got_root, ref_root) in enumerate(r for r in result["roots"]):
+        if kind.startswith("star"):
+            assert got_root == step % n if result["messages"] == 1 else got_root == step % n
+        if kind.startswith(("star", "var")) and result["messages"] == 1:
+            assert got_root == ref_root
+    for stats in result["stats"]:
+        assert stats["collective"] == ("allgather" if kind.startswith("ag") else "allreduce")
+        assert 0.0 < stats["gain"] <= 1.0 and stats["skipped"] is False
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_all_modes_equal_dense_reference(np_):
+    results = run_parallel("tests.mp_bodies:all_modes_match_reference", np=np_, timeout=240)
+    for result in results:
+        for kind, r in result.items():
+            _check_reference(r, np_, kind)
+        assert result["ag_bucket"]["messages"] > 1  # buckets really were used
+
+
+def test_reference_under_mpi_controller():
+    results = run_parallel("tests.mp_bodies:compressed_matches_reference", np=2,
+                           controller="mpi", kind="var", cr=0.02)
+    for r in results:
+        _check_reference(r, 2, "var")
+
+
+def test_gradient_accumulation_matches_reference():
+    results = run_parallel("tests.mp_bodies:compressed_matches_reference", np=2, kind="star",
+                           cr=0.05, passes=3)
+    for r in results:
+        _check_reference(r, 2, "star")
+
+
+def test_cr_one_reproduces_horovod_dense():
+    for r in run_parallel("tests.mp_bodies:cr_one_equals_horovod", np=2):
+        assert all(d <= 1e-6 for d in r["diffs"].values()), r["diffs"]
+        assert r["paths"] == {"dense": "dense", "ag1": "dense", "star1": "dense",
+                              "var1": "dense"}
+
+
+@pytest.mark.parametrize("what,needle", [
+    ("cr", "ranks disagree on compression"),
+    ("compressor", "ranks disagree on compression"),
+    ("selector", "ranks disagree on compression"),
+    ("names", "ranks disagree on parameters"),
+])
+def test_disagreeing_ranks_raise_everywhere(what, needle):
+    outcomes = run_parallel("tests.mp_bodies:disagreeing_config", np=2, expect_failure=True,
+                            what=what, timeout=90)
+    for rank, (status, text) in enumerate(outcomes):
+        assert status == "error", (rank, status, text)
+        assert "ValueError" in text and needle in text, text
+        assert "rank 1 has" in text
+
+
+def test_too_many_backward_passes_raises():
+    for r in run_parallel("tests.mp_bodies:accumulation_overflow_raises", np=2):
+        assert r.startswith("step 2: Gradients were computed more than backward_passes_per_step")
+
+
+@pytest.mark.parametrize("kind", ["ag", "star"])
+def test_frozen_unused_sparse_and_clipping(kind):
+    for r in run_parallel("tests.mp_bodies:odd_parameters", np=2, kind=kind):
+        assert r == {"frozen_unchanged": True, "unused_unchanged": True,
+                     "emb_grad_is_sparse": False, "losses_finite": True,
+                     "params_equal_across_ranks": True}
+
+
+@pytest.mark.parametrize("kind", ["ag", "star", "var"])
+def test_nonfinite_gradient_skips_step_on_every_rank(kind):
+    for r in run_parallel("tests.mp_bodies:nonfinite_step_is_skipped", np=2, kind=kind):
+        assert r["skipped"] == [False, False, True, False]
+        assert r["nonfinite_ranks"] == [1]
+        assert r["params_unchanged_on_skip"] and r["residual_kept"]
+        assert r["params_agree"] and r["finite"]
+
+
+@pytest.mark.parametrize("kind", ["ag", "var"])
+def test_checkpoint_resume_is_exact(kind):
+    for diff in run_parallel("tests.mp_bodies:checkpoint_resume", np=2, kind=kind):
+        assert diff == 0.0
+
+
+def test_single_process_still_compresses():
+    (r,) = run_parallel("tests.mp_bodies:compressed_matches_reference", np=1, kind="ag", cr=0.1)
+    _check_reference(r, 1, "ag")
+
+
+def test_accuracy_within_one_point_of_dense_on_fashion_mnist():
+    (r, _) = run_parallel("tests.mp_bodies:train_accuracy", np=2, timeout=600,
+                          runs=["horovod:1", "agtopk:0.1", "artopk:0.1"])
+    dense = r["horovod:1"]["acc"]
+    assert dense > 0.80, r
+    for spec in ("agtopk:0.1", "artopk:0.1"):
+        assert r[spec]["acc"] >= dense - 0.01, (spec, r)
