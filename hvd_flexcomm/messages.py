@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .topk import TopkWorkspace
+
 __all__ = ["GradMessage", "build_messages"]
 
 
@@ -25,7 +27,7 @@ class GradMessage:
     """
 
     __slots__ = ("index", "name", "params", "numels", "offsets", "numel", "dtype", "residual",
-                 "ready")
+                 "ready", "workspace")
 
     def __init__(self, index: int, params: Sequence[torch.nn.Parameter]) -> None:
         if not params:
@@ -43,6 +45,7 @@ class GradMessage:
         self.dtype = self.params[0].dtype
         self.residual = torch.zeros(self.numel, dtype=self.dtype, device=self.params[0].device)
         self.ready = 0  # gradients ready this step (bucket granularity)
+        self.workspace = TopkWorkspace()  # scratch buffers of top-k selection, reused every step
 
     def flat_grads(self) -> torch.Tensor:
         """A new 1-D tensor holding every parameter's gradient (zeros where a gradient is None)."""

@@ -126,7 +126,7 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         return pending
 
     if cfg.path == "allgather":
-        idx = select_topk(error_fed, k, _generator(cfg, msg))
+        idx = select_topk(error_fed, k, _generator(cfg, msg), msg.workspace)
         values = error_fed.index_select(0, idx.long())
         sq_sent = squared_norm(values)
         if cfg.average and cfg.predivide != 1.0:
@@ -146,7 +146,7 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         raise ValueError(f"unknown path {cfg.path!r}")
     local_idx = None
     if cfg.selector == "var":
-        local_idx = select_topk(error_fed, k, _generator(cfg, msg))
+        local_idx = select_topk(error_fed, k, _generator(cfg, msg), msg.workspace)
         local_sq = squared_norm(error_fed.index_select(0, local_idx.long()))
         pending.compress_s += time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -158,8 +158,8 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
     else:
         root = star_root(cfg.step, cfg.size)
     if cfg.rank == root:
-        idx = local_idx if local_idx is not None else select_topk(error_fed, k,
-                                                                   _generator(cfg, msg))
+        idx = local_idx if local_idx is not None else select_topk(
+            error_fed, k, _generator(cfg, msg), msg.workspace)
     else:
         idx = torch.empty(k, dtype=torch.int32)
     pending.root = root
