@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compression import AGTopk, ARTopk, Dense, validate_cr
+from .compression import AGTopk, ARTopk, Dense, Flexible, validate_cr
 from .topk import k_for, select_topk
 
 __version__ = "0.1.0"
@@ -28,6 +28,7 @@ __all__ = [
     "ARTopk",
     "Dense",
     "DistributedOptimizer",
+    "Flexible",
     "k_for",
     "select_topk",
     "validate_cr",

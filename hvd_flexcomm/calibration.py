@@ -139,6 +139,14 @@ class LinearCostFit:
         self._a = None
         self._b = None
 
+    def reset_level(self) -> None:
+        """Forget the samples but keep the learned slope: the next sample (a single size)
+        re-anchors the line through itself with the slope measured before (used when a
+        periodic probe refreshes a collective that has not been timed for a while)."""
+        self._samples.clear()
+        self._a = None
+        self._b = None
+
     # -- fit -------------------------------------------------------------------------------------
 
     def _slope_prior(self) -> Optional[float]:

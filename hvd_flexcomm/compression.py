@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Dense", "AGTopk", "ARTopk", "TopkCompression", "SELECTORS", "validate_cr"]
+__all__ = ["Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS", "validate_cr"]
 
 #: Root-selection policies of AR-Topk.
 SELECTORS = ("star", "var")
@@ -122,3 +122,61 @@ class ARTopk(TopkCompression):
         return (
             f"ARTopk(cr={self.cr:g}, selector={self.selector!r}, granularity={self.granularity!r})"
         )
+
+
+@dataclass(frozen=True)
+class Flexible(TopkCompression):
+    """Top-k with error feedback, routed each step to whichever of AG-Topk and AR-Topk the
+    calibrated cost model predicts cheaper on the network as it is now.
+
+    - ``selector``: AR-Topk's root policy when the allreduce path is used (``"star"``/``"var"``).
+    - ``hysteresis``: switch only if the other path is predicted cheaper by more than this
+      fraction of the current path's prediction (no flapping on near-ties).
+    - ``drift_threshold`` / ``drift_patience``: re-probe the network when the measured
+      communication time of the path in use is off its prediction by more than this fraction for
+      this many consecutive steps.
+    - ``reprobe_interval``: every this many steps, time the path *not* in use once (one small probe
+      per collective kind), so its prediction does not go stale. 0 disables.
+    - ``probe_repeats``: timed repetitions per probe size at start-up and after drift.
+
+    Decisions are made on rank 0 from its calibrated model and delivered to every rank inside the
+    step's own payload (no extra round trip); every rank switches at the same step. Only
+    ``granularity="model"`` is supported (the cost model counts one message per step).
+    """
+
+    selector: str = "star"
+    hysteresis: float = 0.1
+    drift_threshold: float = 0.25
+    drift_patience: int = 5
+    reprobe_interval: int = 100
+    probe_repeats: int = 3
+    collective = "flexible"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.selector, str) or self.selector.lower() not in SELECTORS:
+            raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
+        object.__setattr__(self, "selector", self.selector.lower())
+        if self.granularity != "model":
+            raise ValueError("Flexible supports granularity='model' only (the cost model counts "
+                             f"one message per step), got {self.granularity!r}")
+        _check_fraction("hysteresis", self.hysteresis, allow_zero=True)
+        _check_fraction("drift_threshold", self.drift_threshold, allow_zero=False)
+        for name in ("drift_patience", "probe_repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        value = self.reprobe_interval
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"reprobe_interval must be an integer >= 0, got {value!r}")
+
+    def describe(self) -> str:
+        return (f"Flexible(cr={self.cr:g}, selector={self.selector!r}, "
+                f"hysteresis={self.hysteresis:g})")
+
+
+def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if not ok or value < 0 or value >= 1 or (value == 0 and not allow_zero):
+        bounds = "[0, 1)" if allow_zero else "(0, 1)"
+        raise ValueError(f"{name} must be a fraction in {bounds}, got {value!r}")

@@ -26,10 +26,10 @@ from typing import Any, Optional
 import torch
 
 from ._horovod import require_horovod
-from .compression import Dense, TopkCompression
+from .compression import Dense, Flexible, TopkCompression
 from .control import allgather_object
 from .messages import GradMessage, build_messages
-from .sync import MessageOutcome, Pending, StepConfig, advance, finish, launch
+from .sync import CONTROL_SLOTS, MessageOutcome, Pending, StepConfig, advance, finish, launch
 
 __all__ = ["DistributedOptimizer"]
 
@@ -75,6 +75,9 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_checked = False
         self._flex_step = 0
         self._flex_skip_next_step = False
+        self._flex_controller = None  # FlexibleController, for Flexible()
+        self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
+        self._flex_probe_ms = 0.0  # probing time spent in the current step
         self.last_stats: dict = {}
         compressor = mode.compressor if isinstance(mode, Dense) else None
         if compressor is None:
@@ -97,6 +100,8 @@ class _FlexMethods(torch.optim.Optimizer):
         mode = self._flex_mode
         if mode.cr >= 1.0:
             return "dense"
+        if self._flex_controller is not None:
+            return self._flex_controller.path
         return mode.collective
 
     def _flex_step_config(self) -> StepConfig:
@@ -107,7 +112,7 @@ class _FlexMethods(torch.optim.Optimizer):
             step=self._flex_step, rank=self.process_set.rank(), size=self.process_set.size(),
             cr=mode.cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
             average=average, predivide=self.gradient_predivide_factor if average else 1.0,
-            process_set=self.process_set, hvd=hvd)
+            process_set=self.process_set, hvd=hvd, control=self._flex_control)
 
     def _flex_fingerprint(self) -> dict:
         names = [self._parameter_names.get(p) for m in self._flex_messages for p in m.params]
@@ -154,6 +159,12 @@ class _FlexMethods(torch.optim.Optimizer):
         for msg in self._flex_messages:
             for p in msg.params:
                 self._flex_msg_of[p] = msg
+        if isinstance(mode, Flexible):
+            from .flexible import FlexibleController
+
+            self._flex_controller = FlexibleController(
+                mode, self.process_set.size(), sum(m.numel for m in self._flex_messages),
+                self._flex_messages[0].residual.element_size() if self._flex_messages else 4)
         for p in trainable:
             self._requires_update.add(p)
             grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -194,6 +205,10 @@ class _FlexMethods(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        self._flex_probe_ms = 0.0
+        if self._flex_controller is not None and self._flex_mode.cr < 1.0:
+            self._flex_check_consistency()
+            self._flex_route()
         for msg in self._flex_messages:
             if msg.index not in self._flex_pending:
                 self._flex_launch(msg)
@@ -209,8 +224,48 @@ class _FlexMethods(torch.optim.Optimizer):
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._flex_record(outcomes, skipped)
+        if self._flex_controller is not None and self._flex_mode.cr < 1.0:
+            self._flex_after_step(outcomes)
         self._flex_step += 1
         self._synchronized = True
+
+    def _flex_route(self) -> None:
+        """Flexible: run the probes that are due (identically on every rank), then make sure the
+        path of this step is decided."""
+        from .probing import run_probes
+
+        ctrl, cr = self._flex_controller, self._flex_mode.cr
+        plan, repeats, full = ctrl.probe_plan(self._flex_step, cr)
+        if plan:
+            t0 = time.perf_counter()
+            results = run_probes(self._flex_hvd, plan, repeats, self.process_set,
+                                 tag="full" if full else "refresh")
+            spent = 1e3 * (time.perf_counter() - t0)
+            ctrl.after_probe(self._flex_step, results, full, spent)
+            self._flex_probe_ms = spent
+            log.info("hvd_flexcomm: step %d: %s probe, %d timings, %.1f ms", self._flex_step,
+                     "full" if full else "refresh", len(results), spent)
+            if full:
+                self._flex_control = (0.0,) * CONTROL_SLOTS  # timings before it are stale
+                ctrl.path = None
+        if ctrl.path is None:
+            ctrl.decide(self._flex_step, cr)
+
+    def _flex_after_step(self, outcomes: list[MessageOutcome]) -> None:
+        """Flexible: learn from rank 0's previous-step timings (received in this step's payload,
+        identical on every rank) and decide the next step's path."""
+        ctrl, cr = self._flex_controller, self._flex_mode.cr
+        path = ctrl.path
+        timings = tuple(sum(o.timings_ms[i] for o in outcomes) for i in range(3))
+        received = outcomes[0].control if outcomes and outcomes[0].control else None
+        if received:
+            ctrl.observe_step(received, cr)
+        self._flex_control = ctrl.outgoing_control(path, timings)
+        self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
+        self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
+        self.last_stats["probe_ms"] = self._flex_probe_ms
+        if not ctrl.full_probe_due:
+            ctrl.decide(self._flex_step + 1, cr)
 
     def _flex_record(self, outcomes: list[MessageOutcome], skipped: bool) -> None:
         total = sum(m.numel for m in self._flex_messages)
@@ -268,6 +323,8 @@ class _FlexMethods(torch.optim.Optimizer):
             "rank": self.process_set.rank(),
             "size": self.process_set.size(),
             "residuals": {m.name: m.residual.clone() for m in self._flex_messages},
+            "flexible": (self._flex_controller.to_dict() if self._flex_controller is not None
+                         else None),
         }
         return state
 
@@ -289,6 +346,8 @@ class _FlexMethods(torch.optim.Optimizer):
                         f"{tuple(msg.residual.shape)} {msg.residual.dtype}")
                 msg.residual = saved.clone()
             self._flex_step = int(ours.get("step", 0))
+            if self._flex_controller is not None and ours.get("flexible"):
+                self._flex_controller.load_dict(ours["flexible"])
             if residuals and ours.get("rank") != self.process_set.rank():
                 log.warning("hvd_flexcomm: loading residuals saved by rank %s on rank %d; "
                             "residuals are per rank: save and load one file per rank",

@@ -12,10 +12,13 @@ message's collective before it waits on any of them:
 
 Metadata rides inside the payloads, never in extra round trips:
 
-- AG-Topk packs, per rank, ``[sq_sent, sq_total, nonfinite]`` (float64) + k values + k int32
+- AG-Topk packs, per rank, ``[sq_sent, sq_total, nonfinite, control...]`` (float64) + k values + k int32
   indices as raw bytes into one ``uint8`` allgather, so every dtype works and one op is submitted;
-- AR-Topk appends ``N + 1`` entries to the k values it allreduces: a one-hot "non-finite" flag per
-  rank and the rank's gain, so every rank learns whether any rank saw NaN/Inf and the mean gain.
+- AR-Topk appends ``N + 1 + CONTROL_SLOTS`` entries to the k values it allreduces: a one-hot
+  "non-finite" flag per rank, the rank's gain, and control entries that only rank 0 fills, so
+  every rank learns whether any rank saw NaN/Inf, the mean gain, and rank 0's control entries.
+- The control entries (``CONTROL_SLOTS`` numbers, rank 0's) carry what Flexible routing needs to
+  stay identical on every rank: rank 0's timings of its previous step (see ``flexible.py``).
 
 If any rank's error-fed gradient is non-finite, every rank learns it from the same collective and
 the step is skipped consistently: the residuals keep their previous values (the error-fed buffer is a
@@ -37,7 +40,10 @@ from .topk import k_for, select_topk
 
 __all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish"]
 
-_EXTRA_AG = 3  # float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite
+#: Control entries (Flexible's shared timings) carried in every top-k payload; rank 0's count.
+CONTROL_SLOTS = 4
+#: float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite, control...
+_EXTRA_AG = 3 + CONTROL_SLOTS
 _F64 = torch.float64
 
 
@@ -57,6 +63,7 @@ class StepConfig:
     predivide: float = 1.0
     process_set: Any = None
     hvd: Any = None  # the horovod.torch module
+    control: tuple = (0.0,) * CONTROL_SLOTS  # sent by rank 0 to everyone (see flexible.py)
 
 
 @dataclass
@@ -77,6 +84,9 @@ class Pending:
     compress_s: float = 0.0
     comm_s: float = 0.0
     comm_started: float = 0.0
+    first_s: float = 0.0  # allgather (AG) or index broadcast (AR) wall time
+    second_s: float = 0.0  # value allreduce (AR) wall time
+    var_s: float = 0.0  # VAR's norm allgather wall time
 
 
 @dataclass
@@ -92,6 +102,8 @@ class MessageOutcome:
     bytes_sent: int = 0
     compress_s: float = 0.0
     comm_s: float = 0.0
+    control: list = field(default_factory=list)  # rank 0's control entries, as received
+    timings_ms: tuple = (0.0, 0.0, 0.0)  # this rank's (first, second, VAR) collective times
 
 
 def _collective_kwargs(cfg: StepConfig) -> dict:
@@ -131,8 +143,8 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         sq_sent = squared_norm(values)
         if cfg.average and cfg.predivide != 1.0:
             values = values * (1.0 / cfg.predivide)
-        extras = torch.tensor([sq_sent, sq_total if not nonfinite else 0.0, float(nonfinite)],
-                              dtype=_F64)
+        extras = torch.tensor([sq_sent, sq_total if not nonfinite else 0.0, float(nonfinite),
+                               *cfg.control], dtype=_F64)
         payload = torch.cat([extras.view(torch.uint8), values.view(torch.uint8),
                              idx.view(torch.uint8)])
         pending.indices = idx
@@ -151,7 +163,8 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         pending.compress_s += time.perf_counter() - t0
         t1 = time.perf_counter()
         norms = hvd.allgather(torch.tensor([local_sq], dtype=_F64), name=msg.name + ".var", **kw)
-        pending.comm_s += time.perf_counter() - t1
+        pending.var_s = time.perf_counter() - t1
+        pending.comm_s += pending.var_s
         t0 = time.perf_counter()
         root = var_root(norms.tolist())
         pending.bytes_sent += 8
@@ -178,15 +191,18 @@ def advance(pending: Pending) -> None:
     cfg, hvd = pending.cfg, pending.cfg.hvd
     hvd.synchronize(pending.handle)
     t0 = time.perf_counter()
-    pending.comm_s += t0 - pending.comm_started
+    pending.first_s = t0 - pending.comm_started
+    pending.comm_s += pending.first_s
     idx = pending.indices
     values = pending.error_fed.index_select(0, idx.long())
     local_gain = gain(squared_norm(values), pending.sq_total) if not pending.nonfinite_local else 0.0
     if cfg.average and cfg.predivide != 1.0:
         values = values * (1.0 / cfg.predivide)
-    extras = torch.zeros(cfg.size + 1, dtype=values.dtype)
+    extras = torch.zeros(cfg.size + 1 + CONTROL_SLOTS, dtype=values.dtype)
     extras[cfg.rank] = 1.0 if pending.nonfinite_local else 0.0
     extras[cfg.size] = local_gain
+    if cfg.rank == 0:  # the sum delivers rank 0's control entries to everyone
+        extras[cfg.size + 1:] = torch.tensor(cfg.control, dtype=values.dtype)
     payload = torch.cat([values, extras])
     pending.bytes_sent += payload.numel() * payload.element_size()
     pending.phase = "reducing"
@@ -206,6 +222,10 @@ def finish(pending: Pending) -> MessageOutcome:
     cfg, hvd, msg = pending.cfg, pending.cfg.hvd, pending.msg
     output = hvd.synchronize(pending.handle)
     t0 = time.perf_counter()
+    if cfg.path == "allreduce":
+        pending.second_s = t0 - pending.comm_started
+    else:
+        pending.first_s = t0 - pending.comm_started
     pending.comm_s += t0 - pending.comm_started
     n, size, k = msg.numel, cfg.size, pending.k
     outcome = MessageOutcome(result=output, skipped=False, k=k, root=pending.root,
@@ -227,6 +247,7 @@ def finish(pending: Pending) -> MessageOutcome:
         values = rows[:, 8 * _EXTRA_AG:8 * _EXTRA_AG + value_bytes].contiguous().view(msg.dtype)
         indices = rows[:, 8 * _EXTRA_AG + value_bytes:].contiguous().view(torch.int32)
         flags = extras[:, 2]
+        outcome.control = extras[0, 3:].tolist()
         if bool((flags != 0).any()):
             outcome.skipped = True
             outcome.nonfinite_ranks = [int(r) for r in torch.nonzero(flags).view(-1)]
@@ -240,6 +261,7 @@ def finish(pending: Pending) -> MessageOutcome:
             msg.residual = commit_residual(pending.error_fed, pending.indices)
     else:
         values, flags, gain_sum = output[:k], output[k:k + size], output[k + size]
+        outcome.control = output[k + size + 1:].tolist()
         if bool((flags != 0).any()):
             outcome.skipped = True
             outcome.nonfinite_ranks = [int(r) for r in torch.nonzero(flags).view(-1)]
@@ -255,5 +277,6 @@ def finish(pending: Pending) -> MessageOutcome:
         outcome.result = torch.zeros(n, dtype=msg.dtype)
     outcome.compress_s = pending.compress_s + (time.perf_counter() - t0)
     outcome.comm_s = pending.comm_s
+    outcome.timings_ms = (1e3 * pending.first_s, 1e3 * pending.second_s, 1e3 * pending.var_s)
     pending.phase = "done"
     return outcome

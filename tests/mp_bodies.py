@@ -37,6 +37,8 @@ def _mode(kind: str, cr: float, granularity: str = "model", bucket_cap_mb: float
                                    bucket_cap_mb=bucket_cap_mb)
     if kind == "dense":
         return hvd_flexcomm.Dense()
+    if kind == "flex":
+        return hvd_flexcomm.Flexible(cr=cr, hysteresis=0.0, reprobe_interval=4, probe_repeats=1)
     raise ValueError(kind)
 
 
@@ -85,14 +87,21 @@ def compressed_matches_reference(kind: str, cr: float, steps: int = 6, wide: int
             x, y = _batch(step * 10 + p, rank)
             torch.nn.functional.cross_entropy(model(x), y).backward()
         step_roots = []
-        expected = []
+        candidates = []
         for i, m in enumerate(messages):
             raw = hvd.allgather(_flat(m.params).unsqueeze(0), name=f"ref.raw.{step}.{i}")
-            total, ref_res[i], root = _reference_step(kind, raw + ref_res[i],
-                                                      hvd_flexcomm.k_for(cr, m.numel), step)
+            k = hvd_flexcomm.k_for(cr, m.numel)
+            kinds = ("ag", "star") if kind == "flex" else (kind,)
+            candidates.append({kd: _reference_step(kd, raw + ref_res[i], k, step) for kd in kinds})
+        opt.synchronize()
+        used = kind
+        if kind == "flex":
+            used = "ag" if opt.last_stats["collective"] == "allgather" else "star"
+        expected = []
+        for i, cand in enumerate(candidates):
+            total, ref_res[i], root = cand[used]
             expected.append(total / n)
             step_roots.append(root)
-        opt.synchronize()
         for i, m in enumerate(messages):
             max_err = max(max_err, float((_flat(m.params) - expected[i]).abs().max()))
             max_res_err = max(max_res_err, float((m.residual - ref_res[i][rank]).abs().max()))
@@ -102,6 +111,18 @@ def compressed_matches_reference(kind: str, cr: float, steps: int = 6, wide: int
             opt.step()
     return {"max_err": max_err, "max_res_err": max_res_err, "roots": roots,
             "messages": len(messages), "stats": stats}
+
+
+def flexible_matches_reference(cr: float = 0.05, steps: int = 12) -> dict:
+    """Flexible: every step equals the reference of the path it took; paths are the same on
+    every rank (gathered from every rank's last_stats)."""
+    import horovod.torch as hvd
+
+    r = compressed_matches_reference("flex", cr, steps)
+    codes = torch.tensor([1.0 if s["collective"] == "allgather" else 2.0 for s in r["stats"]])
+    everyone = hvd.allgather(codes.unsqueeze(0), name="flex.paths")
+    r["paths_agree"] = bool((everyone == everyone[0]).all())
+    return r
 
 
 def all_modes_match_reference(cr: float = 0.05, steps: int = 5) -> dict:

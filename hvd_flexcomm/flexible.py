@@ -1,0 +1,182 @@
+"""Routing state of :class:`~hvd_flexcomm.compression.Flexible`: which collective each step uses.
+
+**Identical decisions from identical inputs.** Every rank holds one :class:`FlexibleController`
+and feeds it exactly the same numbers, so every rank computes the same path for the same step
+without a decision broadcast:
+
+- probe timings are max-reduced over ranks (:func:`hvd_flexcomm.probing.run_probes`);
+- step timings are **rank 0's**, delivered to every rank inside the next step's own payload (the
+  control entries of :mod:`hvd_flexcomm.sync`), so the cost model lags one step behind;
+- probes are scheduled from shared state only (the step counter, the drift detector fed with the
+  shared timings).
+
+Per step: ``path_for_step()`` → the step runs → ``observe_step(rank0_timings)`` updates the
+calibrated model and the drift detector → ``decide()`` picks the next step's path with hysteresis.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Optional
+
+from .calibration import CollectiveCostModel, DriftDetector
+from .compression import Flexible
+from .routing import Router
+from .sync import CONTROL_SLOTS
+from .topk import k_for
+
+__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES"]
+
+log = logging.getLogger("hvd_flexcomm.flexible")
+
+# The control entries carried in each step's payload (CONTROL_SLOTS of them) are: [path code,
+# first-collective ms, second-collective ms, VAR allgather ms] of rank 0's previous step.
+PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
+_PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
+
+#: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 3 + CONTROL_SLOTS
+#: float64 per rank; AR appends size + 1 + CONTROL_SLOTS values to the k values it allreduces.
+AG_EXTRA_BYTES = 8 * (3 + CONTROL_SLOTS)
+
+
+class FlexibleController:
+    """Calibrated cost model + router + drift detector for one message of ``numel`` elements.
+
+    ``value_bytes``: bytes per gradient element (4 for float32). State that matters for resuming
+    (the fits, the current path) is in :meth:`to_dict`.
+    """
+
+    def __init__(self, mode: Flexible, world_size: int, numel: int, value_bytes: int = 4) -> None:
+        self.mode = mode
+        self.world_size = world_size
+        self.numel = numel
+        self.value_bytes = value_bytes
+        self.model = CollectiveCostModel(world_size)
+        self.router = Router(mode.hysteresis)
+        self.drift = DriftDetector(mode.drift_threshold, mode.drift_patience)
+        self.path: Optional[str] = None
+        self.predicted_ms: dict[str, float] = {}
+        self.full_probe_due = True  # start-up calibration
+        self.last_probe_step = 0
+        self.probe_ms_total = 0.0
+        self.n_full_probes = 0
+        self.n_switches = 0
+
+    # -- sizes -----------------------------------------------------------------------------------
+    def payload_bytes(self, k: int) -> dict[str, int]:
+        """Per-rank bytes of each collective for ``k`` kept entries (what probes and the model
+        use; it matches what ``sync.py`` sends)."""
+        vb, n = self.value_bytes, self.world_size
+        return {"allgather": (vb + 4) * k + AG_EXTRA_BYTES, "broadcast": 4 * k,
+                "allreduce": vb * (k + n + 1 + CONTROL_SLOTS)}
+
+    def predict(self, cr: float) -> dict[str, float]:
+        """Predicted ms of each path at compression ratio ``cr`` from the calibrated fits."""
+        sizes = self.payload_bytes(k_for(cr, self.numel))
+        ag = self.model.predict_ms("allgather", sizes["allgather"])
+        ar = self.model.predict_ms("broadcast", sizes["broadcast"]) + self.model.predict_ms(
+            "allreduce", sizes["allreduce"])
+        if self.mode.selector == "var":
+            ar += self.model.predict_ms("allgather", 8)
+        return {"allgather": ag, "allreduce": ar}
+
+    # -- probing ---------------------------------------------------------------------------------
+    def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, bool]:
+        """``(plan, repeats, full)`` of the probes due before ``step``, or an empty plan.
+
+        Full (start-up, after drift): three sizes per kind spanning ``k/8 .. k``. Periodic (every
+        ``reprobe_interval`` steps): the kinds of the path not in use, at the current ``k``.
+        """
+        k = k_for(cr, self.numel)
+        if self.full_probe_due:
+            ks = sorted({max(1, k // 8), max(1, int(round(k / math.sqrt(8)))), k})
+            plan = [(kind, self.payload_bytes(kk)[kind]) for kind in ("allgather", "broadcast",
+                                                                       "allreduce") for kk in ks]
+            if self.mode.selector == "var":
+                plan.append(("allgather", 8))
+            return plan, self.mode.probe_repeats, True
+        interval = self.mode.reprobe_interval
+        if interval and self.path and step - self.last_probe_step >= interval:
+            kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
+            return [(kind, self.payload_bytes(k)[kind]) for kind in kinds], 2, False
+        return [], 0, False
+
+    def after_probe(self, step: int, results: list[tuple[str, int, float]], full: bool,
+                    spent_ms: float) -> None:
+        """Feed probe results (identical on every rank); a full probe starts the fits afresh."""
+        kinds = {kind for kind, _, _ in results}
+        for kind in kinds:
+            if full:
+                self.model.fits[kind].reset()
+            else:
+                # keep the slope, forget the level: a single fresh size re-anchors the line
+                self.model.fits[kind].reset_level()
+        for kind, nbytes, ms in results:
+            self.model.observe(kind, nbytes, ms)
+        self.last_probe_step = step
+        self.probe_ms_total += spent_ms
+        if full:
+            self.full_probe_due = False
+            self.n_full_probes += 1
+            self.drift.reset()
+            self.router.reset()  # re-decide from scratch on a recalibrated model
+
+    # -- steps -----------------------------------------------------------------------------------
+    def decide(self, step: int, cr: float) -> str:
+        """Choose (and remember) the path of ``step``."""
+        self.predicted_ms = self.predict(cr)
+        decision = self.router.decide(step, self.predicted_ms["allgather"],
+                                      self.predicted_ms["allreduce"])
+        if decision.switched:
+            self.n_switches += 1
+            log.info("hvd_flexcomm: step %d: switching to %s (predicted allgather %.2f ms, "
+                     "allreduce %.2f ms)", step, decision.path, self.predicted_ms["allgather"],
+                     self.predicted_ms["allreduce"])
+        self.path = decision.path
+        return decision.path
+
+    def outgoing_control(self, path: str, timings_ms: tuple) -> tuple:
+        """The control entries this rank sends with its next step (only rank 0's are used)."""
+        return (PATH_CODES.get(path, 0.0), *timings_ms)[:CONTROL_SLOTS]
+
+    def observe_step(self, control: list[float], cr: float) -> None:
+        """Feed rank 0's timings of the previous step (``control`` as received in the payload:
+        path code, first-collective ms, second-collective ms, VAR allgather ms)."""
+        code, t1, t2, t_var = (float(c) for c in control[:CONTROL_SLOTS])
+        path = _PATH_OF_CODE.get(code)
+        if path is None:
+            return  # no previous step (first step after start or a probe)
+        sizes = self.payload_bytes(k_for(cr, self.numel))
+        predicted = self.predict(cr)[path]
+        if path == "allgather":
+            self.model.observe("allgather", sizes["allgather"], t1)
+            measured = t1
+        else:
+            self.model.observe("broadcast", sizes["broadcast"], t1)
+            self.model.observe("allreduce", sizes["allreduce"], t2)
+            measured = t1 + t2
+            if t_var > 0:
+                self.model.observe("allgather", 8, t_var)
+                measured += t_var
+        if self.drift.update(predicted, measured):
+            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms for "
+                     "%d steps: re-probing the network", path, measured, predicted,
+                     self.drift.patience)
+            self.full_probe_due = True
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "path": self.path,
+                "last_probe_step": self.last_probe_step, "probe_ms_total": self.probe_ms_total,
+                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes}
+
+    def load_dict(self, state: dict[str, Any]) -> None:
+        self.model = CollectiveCostModel.from_dict(state["model"])
+        self.path = state.get("path")
+        self.router = Router(self.mode.hysteresis, current=self.path)
+        self.last_probe_step = int(state.get("last_probe_step", 0))
+        self.probe_ms_total = float(state.get("probe_ms_total", 0.0))
+        self.n_switches = int(state.get("n_switches", 0))
+        self.n_full_probes = int(state.get("n_full_probes", 0))
+        self.full_probe_due = not self.model.is_calibrated()

@@ -1,0 +1,51 @@
+"""Timed probe collectives: the measurements that calibrate the cost model.
+
+Every rank must call :func:`run_probes` with the same plan at the same point (the plan is a pure
+function of values all ranks share). Each probe is one Horovod op on a zero buffer of the given
+size, timed on every rank; the per-rank timings are then combined with one small allreduce (max:
+an operation is done when the slowest rank is done), so every rank ends with identical numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["run_probes"]
+
+
+def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_set: Any = None,
+               tag: str = "probe") -> list[tuple[str, int, float]]:
+    """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (after one untimed warm-up).
+
+    ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
+    ``"allreduce"``. Returns ``[(kind, nbytes, ms), ...]`` with the max over ranks of each
+    timing, identical on every rank.
+    """
+    kw = {} if process_set is None else {"process_set": process_set}
+    samples: list[tuple[str, int]] = []
+    timings: list[float] = []
+    for kind, nbytes in plan:
+        buf = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)
+        name = f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}"
+        for rep in range(repeats + 1):
+            t0 = time.perf_counter()
+            if kind == "allgather":
+                hvd.allgather(buf, name=name, **kw)
+            elif kind == "broadcast":
+                hvd.broadcast_(buf, root_rank=0, name=name, **kw)
+            elif kind == "allreduce":
+                hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
+            else:
+                raise ValueError(f"unknown probe kind {kind!r}")
+            if rep:
+                samples.append((kind, buf.numel() * 4))
+                timings.append(1e3 * (time.perf_counter() - t0))
+    if not timings:
+        return []
+    worst = hvd.allreduce(torch.tensor(timings, dtype=torch.float64), op=hvd.Max,
+                          name=f"hvd_flexcomm.{tag}.timings", **kw)
+    return [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, worst.tolist())]

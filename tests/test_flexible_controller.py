@@ -1,0 +1,92 @@
+"""FlexibleController logic on synthetic timings (pure: no Horovod, no network)."""
+
+import pytest
+
+from hvd_flexcomm import Flexible
+from hvd_flexcomm.flexible import PATH_CODES, FlexibleController
+
+NUMEL = 1_000_000
+
+
+def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0):
+    plan, repeats, full = ctrl.probe_plan(step, cr)
+    results = []
+    for kind, nbytes in plan:
+        slope = ag_ms_per_byte if kind == "allgather" else ar_ms_per_byte
+        results += [(kind, nbytes, fixed_ms + slope * nbytes)] * repeats
+    ctrl.after_probe(step, results, full, spent_ms=5.0)
+    return plan, full
+
+
+def test_startup_probe_spans_sizes_and_decides_cheaper_path():
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
+    plan, full = _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
+    assert full and {k for k, _ in plan} == {"allgather", "broadcast", "allreduce"}
+    assert len({b for k, b in plan if k == "allreduce"}) == 3
+    assert ctrl.decide(0, 0.01) == "allreduce"
+    pred = ctrl.predicted_ms
+    sizes = ctrl.payload_bytes(10_000)
+    assert pred["allgather"] == pytest.approx(1.0 + 1e-4 * sizes["allgather"])
+    assert pred["allreduce"] == pytest.approx(2.0 + 1e-6 * (sizes["broadcast"] +
+                                                             sizes["allreduce"]))
+
+
+def test_network_change_triggers_reprobe_and_switch():
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    ag_ms = ctrl.predicted_ms["allgather"]
+    for step in range(1, 10):  # measurements agree with the model: no drift
+        ctrl.observe_step([PATH_CODES["allgather"], ag_ms, 0.0, 0.0], 0.01)
+        assert not ctrl.full_probe_due
+        assert ctrl.decide(step, 0.01) == "allgather"
+    for _ in range(3):  # the allgather suddenly costs 10x
+        assert not ctrl.full_probe_due
+        ctrl.observe_step([PATH_CODES["allgather"], 10 * ag_ms, 0.0, 0.0], 0.01)
+    assert ctrl.full_probe_due
+    plan, full = _probe(ctrl, 13, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-5)
+    assert full and ctrl.n_full_probes == 2
+    assert ctrl.decide(13, 0.01) == "allreduce"
+
+
+def test_hysteresis_keeps_path_on_near_ties():
+    ctrl = FlexibleController(Flexible(cr=0.01, hysteresis=0.2), world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-6, fixed_ms=0.0)
+    first = ctrl.decide(0, 0.01)
+    for step in range(1, 20):
+        assert ctrl.decide(step, 0.01) == first
+    assert ctrl.n_switches == 0
+
+
+def test_periodic_refresh_probes_only_the_unused_path():
+    ctrl = FlexibleController(Flexible(cr=0.01, reprobe_interval=10), world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    assert ctrl.probe_plan(5, 0.01)[0] == []
+    plan, repeats, full = ctrl.probe_plan(10, 0.01)
+    assert not full and {k for k, _ in plan} == {"broadcast", "allreduce"}
+    # the allreduce path got cheap meanwhile: the refresh re-anchors its fits (slope kept)
+    ctrl.after_probe(10, [(k, b, 0.1) for k, b in plan], full=False, spent_ms=1.0)
+    assert ctrl.decide(10, 0.01) == "allreduce"
+
+
+def test_state_round_trip():
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, 1e-6, 1e-5)
+    ctrl.decide(0, 0.01)
+    other = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    other.load_dict(ctrl.to_dict())
+    assert other.path == ctrl.path and not other.full_probe_due
+    assert other.predict(0.01) == ctrl.predict(0.01)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"hysteresis": 1.0}, "hysteresis"), ({"hysteresis": -0.1}, "hysteresis"),
+    ({"drift_threshold": 0}, "drift_threshold"), ({"drift_patience": 0}, "drift_patience"),
+    ({"reprobe_interval": -1}, "reprobe_interval"), ({"granularity": "bucket"}, "model"),
+    ({"selector": "x"}, "selector"), ({"cr": 0}, "cr"),
+])
+def test_flexible_rejects_bad_settings(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        Flexible(**kwargs)
