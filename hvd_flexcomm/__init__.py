@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compression import AGTopk, ARTopk, Dense, Flexible, validate_cr
+from .compression import Adaptive, AGTopk, ARTopk, Dense, Flexible, validate_cr
 from .topk import k_for, select_topk
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "Adaptive",
     "AGTopk",
     "ARTopk",
     "Dense",

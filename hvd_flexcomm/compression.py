@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS", "validate_cr"]
+__all__ = ["Adaptive", "Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS", "validate_cr"]
 
 #: Root-selection policies of AR-Topk.
 SELECTORS = ("star", "var")
@@ -180,3 +180,72 @@ def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
     if not ok or value < 0 or value >= 1 or (value == 0 and not allow_zero):
         bounds = "[0, 1)" if allow_zero else "(0, 1)"
         raise ValueError(f"{name} must be a fraction in {bounds}, got {value!r}")
+
+
+#: Candidate CRs of the paper (0.1 / 3^i, rounded as published).
+DEFAULT_CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)
+
+
+@dataclass(frozen=True)
+class Adaptive(Flexible):
+    """Flexible routing plus a compression ratio chosen online by a multi-objective controller.
+
+    Rank 0 measures the compression gain of every candidate CR from the real error-fed gradient
+    (every ``gain_every`` steps, one selection + one sort), predicts each candidate's
+    communication time with the calibrated cost model (cheaper path at each CR), fits smooth
+    curves, and solves ``min (time, 1/gain)`` over ``[c_low, c_high]`` with NSGA-II
+    (``pop_size``, ``n_gen``) in a background thread, picking one point with an ASF of
+    ``weights`` (time, gain). New CRs are announced every ``sync_every`` steps (mpi4py under MPI,
+    ``hvd.broadcast_object`` under Gloo) and take effect at that same step on every rank.
+
+    - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
+    - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.
+    - Re-optimise when the smoothed gain moves by ``gain_threshold`` (fraction) since the last
+      optimisation, or when the network model was recalibrated (drift), at most every
+      ``min_interval`` steps.
+    """
+
+    cr: float = 0.1
+    candidates: tuple = DEFAULT_CANDIDATES
+    c_low: float = 0.001
+    c_high: float = 0.1
+    weights: tuple = (0.6, 0.4)
+    warmup_steps: int = 0
+    gain_every: int = 10
+    gain_smoothing: float = 0.3
+    gain_threshold: float = 0.1
+    min_interval: int = 50
+    sync_every: int = 10
+    pop_size: int = 40
+    n_gen: int = 40
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        cands = tuple(validate_cr(c) for c in self.candidates)
+        if len(cands) < 2:
+            raise ValueError(f"candidates needs at least two CRs, got {self.candidates!r}")
+        object.__setattr__(self, "candidates", tuple(sorted(set(cands), reverse=True)))
+        lo, hi = validate_cr(self.c_low), validate_cr(self.c_high)
+        if not lo < hi:
+            raise ValueError(f"need c_low < c_high, got c_low={self.c_low!r}, c_high={self.c_high!r}")
+        w = self.weights
+        if (not isinstance(w, (tuple, list)) or len(w) != 2
+                or not all(isinstance(x, (int, float)) and x > 0 and math.isfinite(x) for x in w)):
+            raise ValueError(f"weights must be two positive numbers (time, gain), got {w!r}")
+        object.__setattr__(self, "weights", (float(w[0]), float(w[1])))
+        for name in ("gain_every", "sync_every", "pop_size", "n_gen"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("warmup_steps", "min_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
+        if not 0 < self.gain_smoothing <= 1:
+            raise ValueError(f"gain_smoothing must be in (0, 1], got {self.gain_smoothing!r}")
+
+    def describe(self) -> str:
+        return (f"Adaptive(cr={self.cr:g}, c_low={self.c_low:g}, c_high={self.c_high:g}, "
+                f"weights={self.weights}, warmup_steps={self.warmup_steps}, "
+                f"selector={self.selector!r})")

@@ -62,6 +62,9 @@ class FlexibleController:
         self.probe_ms_total = 0.0
         self.n_full_probes = 0
         self.n_switches = 0
+        #: CRs whose k range the full probe must span besides the current CR (Flexible: k/8 .. k;
+        #: Adaptive sets its candidates).
+        self.probe_crs: tuple = ()
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -85,12 +88,15 @@ class FlexibleController:
     def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, bool]:
         """``(plan, repeats, full)`` of the probes due before ``step``, or an empty plan.
 
-        Full (start-up, after drift): three sizes per kind spanning ``k/8 .. k``. Periodic (every
+        Full (start-up, after drift): three sizes per kind spanning ``k/8 .. k`` (and the k of
+        every CR in ``probe_crs``). Periodic (every
         ``reprobe_interval`` steps): the kinds of the path not in use, at the current ``k``.
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
-            ks = sorted({max(1, k // 8), max(1, int(round(k / math.sqrt(8)))), k})
+            span = [k_for(c, self.numel) for c in self.probe_crs] + [k, max(1, k // 8)]
+            k_lo, k_hi = min(span), max(span)
+            ks = sorted({k_lo, max(1, int(round(math.sqrt(k_lo * k_hi)))), k_hi})
             plan = [(kind, self.payload_bytes(kk)[kind]) for kind in ("allgather", "broadcast",
                                                                        "allreduce") for kk in ks]
             if self.mode.selector == "var":

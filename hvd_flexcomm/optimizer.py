@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from ._horovod import require_horovod
-from .compression import Dense, Flexible, TopkCompression
+from .compression import Adaptive, Dense, Flexible, TopkCompression
 from .control import allgather_object
 from .messages import GradMessage, build_messages
 from .sync import CONTROL_SLOTS, MessageOutcome, Pending, StepConfig, advance, finish, launch
@@ -75,7 +75,11 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_checked = False
         self._flex_step = 0
         self._flex_skip_next_step = False
-        self._flex_controller = None  # FlexibleController, for Flexible()
+        self._flex_controller = None  # FlexibleController, for Flexible() and Adaptive()
+        self._flex_adaptive = None  # AdaptiveController, for Adaptive()
+        self._flex_cr = getattr(mode, "cr", 1.0)  # the CR of the current step
+        self._flex_routed_cr = None  # the CR the current path was decided for
+        self._flex_sent_cr = None  # the CR of the step whose timings ride in _flex_control
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
         self._flex_probe_ms = 0.0  # probing time spent in the current step
         self.last_stats: dict = {}
@@ -98,7 +102,7 @@ class _FlexMethods(torch.optim.Optimizer):
 
     def _flex_path(self) -> str:
         mode = self._flex_mode
-        if mode.cr >= 1.0:
+        if self._flex_cr >= 1.0:
             return "dense"
         if self._flex_controller is not None:
             return self._flex_controller.path
@@ -110,7 +114,7 @@ class _FlexMethods(torch.optim.Optimizer):
         average = self.op == hvd.Average
         return StepConfig(
             step=self._flex_step, rank=self.process_set.rank(), size=self.process_set.size(),
-            cr=mode.cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
+            cr=self._flex_cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
             average=average, predivide=self.gradient_predivide_factor if average else 1.0,
             process_set=self.process_set, hvd=hvd, control=self._flex_control)
 
@@ -165,6 +169,15 @@ class _FlexMethods(torch.optim.Optimizer):
             self._flex_controller = FlexibleController(
                 mode, self.process_set.size(), sum(m.numel for m in self._flex_messages),
                 self._flex_messages[0].residual.element_size() if self._flex_messages else 4)
+        if isinstance(mode, Adaptive):
+            from .adaptive import AdaptiveController
+
+            ctrl = self._flex_controller
+            ctrl.probe_crs = tuple(mode.candidates) + (mode.c_low, mode.c_high)
+            self._flex_adaptive = AdaptiveController(
+                mode, self.process_set.rank(), self._flex_hvd, self.process_set,
+                predict_ms=ctrl.predict, model_version=lambda: ctrl.n_full_probes)
+            self._flex_cr = self._flex_adaptive.cr
         for p in trainable:
             self._requires_update.add(p)
             grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -206,13 +219,19 @@ class _FlexMethods(torch.optim.Optimizer):
             self._synchronized = True
             return
         self._flex_probe_ms = 0.0
-        if self._flex_controller is not None and self._flex_mode.cr < 1.0:
+        if self._flex_adaptive is not None:
+            self._flex_check_consistency()
+            self._flex_cr = self._flex_adaptive.cr_for_step(self._flex_step)
+        if self._flex_controller is not None and self._flex_cr < 1.0:
             self._flex_check_consistency()
             self._flex_route()
         for msg in self._flex_messages:
             if msg.index not in self._flex_pending:
                 self._flex_launch(msg)
         pendings = [self._flex_pending[m.index] for m in self._flex_messages]
+        if self._flex_adaptive is not None and pendings and pendings[0].cfg.path != "dense":
+            # rank 0 measures candidate gains while the first collective is in flight
+            self._flex_adaptive.observe(self._flex_step, pendings[0].error_fed)
         for pending in pendings:  # every AR-Topk allreduce is submitted before any wait
             advance(pending)
         outcomes = [finish(pending) for pending in pendings]
@@ -224,7 +243,7 @@ class _FlexMethods(torch.optim.Optimizer):
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._flex_record(outcomes, skipped)
-        if self._flex_controller is not None and self._flex_mode.cr < 1.0:
+        if self._flex_controller is not None and self._flex_cr < 1.0:
             self._flex_after_step(outcomes)
         self._flex_step += 1
         self._synchronized = True
@@ -234,7 +253,7 @@ class _FlexMethods(torch.optim.Optimizer):
         path of this step is decided."""
         from .probing import run_probes
 
-        ctrl, cr = self._flex_controller, self._flex_mode.cr
+        ctrl, cr = self._flex_controller, self._flex_cr
         plan, repeats, full = ctrl.probe_plan(self._flex_step, cr)
         if plan:
             t0 = time.perf_counter()
@@ -247,25 +266,29 @@ class _FlexMethods(torch.optim.Optimizer):
                      "full" if full else "refresh", len(results), spent)
             if full:
                 self._flex_control = (0.0,) * CONTROL_SLOTS  # timings before it are stale
+                self._flex_sent_cr = None
                 ctrl.path = None
-        if ctrl.path is None:
+        if ctrl.path is None or cr != self._flex_routed_cr:
             ctrl.decide(self._flex_step, cr)
+            self._flex_routed_cr = cr
 
     def _flex_after_step(self, outcomes: list[MessageOutcome]) -> None:
         """Flexible: learn from rank 0's previous-step timings (received in this step's payload,
         identical on every rank) and decide the next step's path."""
-        ctrl, cr = self._flex_controller, self._flex_mode.cr
+        ctrl, cr = self._flex_controller, self._flex_cr
         path = ctrl.path
         timings = tuple(sum(o.timings_ms[i] for o in outcomes) for i in range(3))
         received = outcomes[0].control if outcomes and outcomes[0].control else None
-        if received:
-            ctrl.observe_step(received, cr)
+        if received and self._flex_sent_cr is not None:
+            ctrl.observe_step(received, self._flex_sent_cr)  # rank 0's previous step, at its CR
         self._flex_control = ctrl.outgoing_control(path, timings)
+        self._flex_sent_cr = cr
         self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
         self.last_stats["probe_ms"] = self._flex_probe_ms
         if not ctrl.full_probe_due:
             ctrl.decide(self._flex_step + 1, cr)
+            self._flex_routed_cr = cr
 
     def _flex_record(self, outcomes: list[MessageOutcome], skipped: bool) -> None:
         total = sum(m.numel for m in self._flex_messages)
@@ -275,7 +298,7 @@ class _FlexMethods(torch.optim.Optimizer):
         weights = [m.numel / total if total else 0.0 for m in self._flex_messages]
         self.last_stats = {
             "step": self._flex_step,
-            "cr": self._flex_mode.cr,
+            "cr": self._flex_cr,
             "collective": path,
             "root_rank": roots.pop() if len(roots) == 1 else sorted(roots, key=str),
             "k": sum(o.k for o in outcomes),
@@ -325,6 +348,8 @@ class _FlexMethods(torch.optim.Optimizer):
             "residuals": {m.name: m.residual.clone() for m in self._flex_messages},
             "flexible": (self._flex_controller.to_dict() if self._flex_controller is not None
                          else None),
+            "adaptive": (self._flex_adaptive.to_dict() if self._flex_adaptive is not None
+                         else None),
         }
         return state
 
@@ -348,6 +373,9 @@ class _FlexMethods(torch.optim.Optimizer):
             self._flex_step = int(ours.get("step", 0))
             if self._flex_controller is not None and ours.get("flexible"):
                 self._flex_controller.load_dict(ours["flexible"])
+            if self._flex_adaptive is not None and ours.get("adaptive"):
+                self._flex_adaptive.load_dict(ours["adaptive"])
+                self._flex_cr = self._flex_adaptive.cr
             if residuals and ours.get("rank") != self.process_set.rank():
                 log.warning("hvd_flexcomm: loading residuals saved by rank %s on rank %d; "
                             "residuals are per rank: save and load one file per rank",

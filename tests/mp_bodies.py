@@ -345,3 +345,39 @@ def train_accuracy(runs: list, epochs: int = 2, train_size: int = 0) -> dict:
         out[spec] = {"acc": res.final_test_accuracy, "collectives": res.collectives,
                      "wall_s": res.wall_s}
     return out
+
+
+def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
+    """Adaptive on a small model: per-step CRs (every rank reports its own), solver windows and
+    step completion times on rank 0, the controller's channel."""
+    import time
+
+    import horovod.torch as hvd
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
+    mode = hvd_flexcomm.Adaptive(cr=0.1, warmup_steps=warmup, gain_every=5, min_interval=40,
+                                 sync_every=5, n_gen=n_gen, reprobe_interval=0, probe_repeats=1)
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                            named_parameters=model.named_parameters(),
+                                            compression=mode)
+    crs, paths, step_end = [], [], []
+    for step in range(steps):
+        x, y = _batch(step, hvd.rank(), n=64)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        crs.append(opt.last_stats["cr"])
+        paths.append(opt.last_stats["collective"])
+        step_end.append(time.perf_counter())
+    ctrl = opt._flex_adaptive
+    everyone = hvd.allgather(torch.tensor([crs], dtype=torch.float64), name="adaptive.crs")
+    solves = [dict(s) for s in ctrl.solves if s["end"] is not None]  # finished ones
+    steps_during = [sum(1 for t in step_end if s["start"] < t < s["end"]) for s in solves]
+    state = opt.state_dict()["hvd_flexcomm"]["adaptive"]
+    return {"crs": crs, "paths": paths, "crs_agree": bool((everyone == everyone[0]).all()),
+            "channel": ctrl.channel, "changes": ctrl.changes, "solves": len(solves),
+            "solve_s": [s["end"] - s["start"] for s in solves],
+            "steps_during_solves": steps_during, "failed": ctrl.failed,
+            "state_has_gains": state["gains"]["smoothed"] is not None if hvd.rank() == 0 else None,
+            "last_result": state["last_result"]}

@@ -118,3 +118,24 @@ def test_flexible_paths_agree_and_match_reference(np_):
             assert s["measured_ms"] > 0
         assert r["stats"][0]["probe_ms"] > 0  # start-up calibration
         assert any(s["probe_ms"] > 0 for s in r["stats"][1:])  # periodic refresh (interval 4)
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
+    results = run_parallel("tests.mp_bodies:adaptive_run", np=2, controller=controller,
+                           timeout=300)
+    r0 = results[0]
+    assert r0["channel"] == ("mpi4py" if controller == "mpi" else "hvd.broadcast_object")
+    for r in results:
+        assert r["crs_agree"] and r["crs"] == r0["crs"] and r["changes"] == r0["changes"]
+    crs = r0["crs"]
+    assert crs[0] == 1.0 and r0["paths"][0] == "dense"  # warm-up starts dense
+    assert all(a >= b for a, b in zip(crs[:30], crs[1:30]))  # and ramps down
+    assert crs[30] == 0.1
+    assert r0["solves"] >= 1 and not r0["failed"]
+    assert r0["changes"], "the solver's CR was never announced"
+    step, cr = r0["changes"][0]
+    assert step % 5 == 0 and 0.001 <= cr <= 0.1 and crs[step] == cr
+    # training went on while rank 0 solved: steps completed inside every solve window
+    assert all(n > 0 for n in r0["steps_during_solves"]), r0
+    assert r0["state_has_gains"] and r0["last_result"]["front"]

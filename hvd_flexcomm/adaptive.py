@@ -1,0 +1,221 @@
+"""The adaptive compression-ratio controller of :class:`~hvd_flexcomm.compression.Adaptive`.
+
+Who does what:
+
+- **every rank** follows the same CR schedule: the warm-up ramp (a pure function of the step), then
+  whatever rank 0 announced. Announcements happen every ``sync_every`` steps, at the start of the
+  step, on every rank (one small broadcast from rank 0: mpi4py's ``bcast`` under an MPI controller,
+  ``hvd.broadcast_object`` under Gloo), so a new CR takes effect at the same step everywhere;
+- **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
+  (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
+  the calibrated cost model (the cheaper path at each CR), and, when a trigger fires, submits the
+  NSGA-II solve (:func:`~hvd_flexcomm.moo.solve_cr`) to a background thread. Training never waits
+  for it: the result is picked up at the first announcement after it is ready. If the solver
+  fails, training continues on the last CR and the error is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Optional
+
+import torch
+
+from .compression import Adaptive
+from .gains import GainTracker, gains_at_crs
+from .moo import MooResult, solve_cr
+from .topk import TopkWorkspace
+
+__all__ = ["AdaptiveController", "warmup_cr"]
+
+log = logging.getLogger("hvd_flexcomm.adaptive")
+
+
+def warmup_cr(step: int, warmup_steps: int, target_cr: float, every: int = 1) -> float:
+    """CR of the warm-up ramp at ``step``: linear from 1.0 (dense) at step 0 to ``target_cr`` at
+    ``warmup_steps``, held constant within blocks of ``every`` steps (so the message size, and
+    Horovod's response cache, changes only every ``every`` steps). ``target_cr`` afterwards."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target_cr
+    block_start = (step // every) * every
+    frac = block_start / warmup_steps
+    return 1.0 + (target_cr - 1.0) * frac
+
+
+def _round_cr(cr: float) -> float:
+    """Four significant digits: announced CRs are short and compare exactly on every rank."""
+    return float(f"{cr:.4g}")
+
+
+class AdaptiveController:
+    """CR state of an :class:`Adaptive` run. ``predict_ms(cr) -> {path: ms}`` is the calibrated
+    cost model (Flexible's); ``model_version()`` counts its recalibrations (drift)."""
+
+    def __init__(self, mode: Adaptive, rank: int, hvd: Any, process_set: Any,
+                 predict_ms: Callable[[float], dict], model_version: Callable[[], int]) -> None:
+        self.mode = mode
+        self.rank = rank
+        self.hvd = hvd
+        self.process_set = process_set
+        self.predict_ms = predict_ms
+        self.model_version = model_version
+        self.cr = mode.cr if mode.warmup_steps == 0 else 1.0
+        self.tracker = GainTracker(mode.candidates, mode.gain_smoothing)
+        self.workspace = TopkWorkspace()
+        self.announced_cr: Optional[float] = None  # the last CR rank 0 announced (post warm-up)
+        self.last_submit_step: Optional[int] = None
+        self.last_model_version = -1
+        self.last_result: Optional[MooResult] = None
+        self.changes: list[tuple[int, float]] = []  # (step, cr) of every change after warm-up
+        self.solves: list[dict] = []  # rank 0: start/end times (perf_counter s) and step of solves
+        self.failed = False
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._future: Optional[Future] = None
+        self._mpi_comm = self._mpi_channel()
+
+    # -- channel -------------------------------------------------------------------------------
+    def _mpi_channel(self) -> Any:
+        """mpi4py's COMM_WORLD when Horovod runs on MPI with thread support, else None (Gloo).
+        ``hvd=None`` (pure use of the controller, e.g. in unit tests) has no channel."""
+        hvd = self.hvd
+        if hvd is None:
+            return None
+        try:
+            if not (hvd.mpi_enabled() and hvd.mpi_threads_supported()):
+                return None
+            if self.process_set is not None and self.process_set != hvd.global_process_set:
+                return None
+            from mpi4py import MPI
+
+            return MPI.COMM_WORLD
+        except (ImportError, ValueError, RuntimeError):
+            return None
+
+    @property
+    def channel(self) -> str:
+        return "mpi4py" if self._mpi_comm is not None else "hvd.broadcast_object"
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self._mpi_comm is not None:
+            return self._mpi_comm.bcast(obj, root=0)
+        kw = {} if self.process_set is None else {"process_set": self.process_set}
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hvd_flexcomm.cr", **kw)
+
+    # -- per step ------------------------------------------------------------------------------
+    def cr_for_step(self, step: int) -> float:
+        """The CR of ``step`` (identical on every rank); runs the announcement when one is due."""
+        mode = self.mode
+        if step < mode.warmup_steps:
+            self.cr = warmup_cr(step, mode.warmup_steps, mode.cr, mode.sync_every)
+            return self.cr
+        if self.announced_cr is None:
+            self.cr = mode.cr  # warm-up over (or none): hold the starting CR until a solve
+        if step % mode.sync_every == 0:
+            offer = self._ready_result() if self.rank == 0 else None
+            new_cr = self._broadcast(offer)
+            if new_cr is not None and new_cr != self.cr:
+                log.info("hvd_flexcomm: step %d: compression ratio %g -> %g (announced over %s)",
+                         step, self.cr, new_cr, self.channel)
+                self.changes.append((step, new_cr))
+                self.cr = new_cr
+            if new_cr is not None:
+                self.announced_cr = new_cr
+        return self.cr
+
+    def _ready_result(self) -> Optional[float]:
+        """Rank 0: the solver's CR if a solve has finished since the last announcement."""
+        future = self._future
+        if future is None or not future.done():
+            return None
+        self._future = None
+        try:
+            result: MooResult = future.result()
+        except Exception as exc:  # noqa: BLE001 - the service must never stop training
+            self._fail_once(exc)
+            return None
+        self.last_result = result
+        log.info("hvd_flexcomm: %s", result.explain())
+        return _round_cr(result.cr)
+
+    def observe(self, step: int, error_fed: Optional[torch.Tensor]) -> None:
+        """Rank 0, after a step's payload is submitted: measure gains (every ``gain_every``
+        steps, from ``error_fed``) and submit a solve when a trigger fires."""
+        mode = self.mode
+        if self.rank != 0 or step < mode.warmup_steps or error_fed is None:
+            return
+        if step % mode.gain_every == 0:
+            self.tracker.update(gains_at_crs(error_fed, mode.candidates, self.workspace))
+        reason = self._trigger(step)
+        if reason:
+            self._submit(step, reason)
+
+    def _trigger(self, step: int) -> Optional[str]:
+        """Why a solve should start now (None: it should not)."""
+        if self.tracker.smoothed is None or self._future is not None:
+            return None
+        if self.last_submit_step is None:
+            return "first optimisation after warm-up"
+        if step - self.last_submit_step < self.mode.min_interval:
+            return None
+        if self.model_version() != self.last_model_version:
+            return "network model recalibrated"
+        change = self.tracker.relative_change()
+        if change >= self.mode.gain_threshold:
+            return f"smoothed gain moved {100 * change:.0f}%"
+        return None
+
+    def _fail_once(self, exc: BaseException) -> None:
+        if not self.failed:
+            log.error("hvd_flexcomm: CR optimisation failed (%s: %s); training continues at "
+                      "cr=%g", type(exc).__name__, exc, self.cr)
+        self.failed = True
+
+    def _submit(self, step: int, reason: str) -> None:
+        mode = self.mode
+        crs = list(mode.candidates)
+        gains = list(self.tracker.smoothed)
+        self.last_submit_step = step
+        try:  # read the cost model here, on the training thread that updates it
+            comm_ms = [min(self.predict_ms(c).values()) for c in crs]
+        except Exception as exc:  # noqa: BLE001 - the service must never stop training
+            self._fail_once(exc)
+            return
+        self.tracker.mark_reference()
+        self.last_model_version = self.model_version()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="hvd_flexcomm-moo")
+        log.info("hvd_flexcomm: step %d: re-optimising the CR (%s)", step, reason)
+        record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None}
+        self.solves.append(record)
+
+        def job() -> MooResult:
+            try:
+                return solve_cr(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
+                                mode.pop_size, mode.n_gen)
+            finally:
+                record["end"] = time.perf_counter()
+
+        self._future = self._executor.submit(job)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        r = self.last_result
+        return {"cr": self.cr, "announced_cr": self.announced_cr, "gains": self.tracker.to_dict(),
+                "last_submit_step": self.last_submit_step, "changes": list(self.changes),
+                "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
+                                                       "gain": r.gain, "curves": r.curves,
+                                                       "front": r.front}}
+
+    def load_dict(self, state: dict) -> None:
+        self.cr = float(state.get("cr", self.cr))
+        self.announced_cr = state.get("announced_cr")
+        self.tracker.load_dict(state.get("gains", {}))
+        self.last_submit_step = state.get("last_submit_step")
+        self.changes = [tuple(c) for c in state.get("changes", [])]

@@ -1,0 +1,153 @@
+"""Choosing a compression ratio by trading communication time against compression gain.
+
+Pure functions (no Horovod): fit smooth curves through per-candidate measurements, solve the
+two-objective problem ``min_c (t(c), 1/gain(c))`` over ``c in [c_low, c_high]`` with pymoo's
+NSGA-II, and pick one point of the Pareto front with an achievement scalarizing function (ASF) on
+the front normalised by its ideal and nadir points, with weights (default 0.6 time / 0.4 gain, as
+the paper).
+
+Curves (``c`` is the CR, a fraction):
+
+- communication time ``t(c) = a + b·c`` ms (bytes are proportional to ``c``; ``a, b >= 0``),
+  least squares;
+- gain ``g(c) = min(1, A·c^p)`` with ``0 < p <= 1``, least squares in log-log space (the
+  energy kept by a top-k grows sub-linearly in k).
+
+If a fit fails (too few points, non-finite parameters, or a relative error above 25% at some
+candidate) the curve falls back to monotone piecewise-linear interpolation in ``log c``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "solve_cr"]
+
+_FIT_TOLERANCE = 0.25
+
+
+@dataclass
+class Curve:
+    """A fitted (or interpolated) curve: ``fn`` maps an array of CRs to values; ``kind`` says
+    which (``"fit"`` or ``"interpolation"``); ``params`` the fitted parameters, if any."""
+
+    fn: Callable[[np.ndarray], np.ndarray]
+    kind: str
+    params: dict = field(default_factory=dict)
+
+    def __call__(self, c):
+        return self.fn(np.asarray(c, dtype=np.float64))
+
+
+def _interpolation(crs: np.ndarray, values: np.ndarray, monotone: str) -> Curve:
+    order = np.argsort(crs)
+    x, y = np.log(crs[order]), values[order].astype(np.float64)
+    y = np.maximum.accumulate(y) if monotone == "increasing" else y
+    return Curve(lambda c: np.interp(np.log(np.clip(c, 1e-12, None)), x, y), "interpolation",
+                 {"log_cr": x.tolist(), "values": y.tolist()})
+
+
+def _within_tolerance(curve: Curve, crs: np.ndarray, values: np.ndarray) -> bool:
+    pred = curve(crs)
+    if not np.all(np.isfinite(pred)):
+        return False
+    return bool(np.all(np.abs(pred - values) <= _FIT_TOLERANCE * np.maximum(np.abs(values), 1e-9)))
+
+
+def fit_comm_curve(crs: Sequence[float], ms: Sequence[float]) -> Curve:
+    """Communication time (ms) as ``a + b·c``, or interpolation if that fits badly."""
+    x, y = np.asarray(crs, dtype=np.float64), np.asarray(ms, dtype=np.float64)
+    if len(x) >= 2 and np.all(np.isfinite(y)):
+        design = np.column_stack([np.ones_like(x), x])
+        (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+        if b < 0:
+            a, b = float(np.mean(y)), 0.0
+        if a < 0:
+            a, b = 0.0, float(np.dot(x, y) / np.dot(x, x))
+        curve = Curve(lambda c, a=a, b=b: a + b * c, "fit", {"a_ms": float(a), "b_ms": float(b)})
+        if _within_tolerance(curve, x, y):
+            return curve
+    return _interpolation(x, y, "none")
+
+
+def fit_gain_curve(crs: Sequence[float], gains: Sequence[float]) -> Curve:
+    """Gain (fraction) as ``min(1, A·c^p)``, or monotone interpolation if that fits badly."""
+    x, y = np.asarray(crs, dtype=np.float64), np.asarray(gains, dtype=np.float64)
+    ok = np.isfinite(y) & (y > 0)
+    if ok.sum() >= 2:
+        lx, ly = np.log(x[ok]), np.log(np.minimum(y[ok], 1.0))
+        p, log_a = np.polyfit(lx, ly, 1)
+        if math.isfinite(p) and math.isfinite(log_a) and 0 < p <= 1.5:
+            A = math.exp(log_a)
+            curve = Curve(lambda c, A=A, p=p: np.minimum(1.0, A * np.power(c, p)), "fit",
+                          {"A": A, "p": float(p)})
+            if _within_tolerance(curve, x[ok], y[ok]):
+                return curve
+    return _interpolation(x, np.clip(np.nan_to_num(y, nan=0.0), 1e-6, 1.0), "increasing")
+
+
+@dataclass
+class MooResult:
+    """The picked CR and why: its predicted time (ms) and gain, the front, the curves' kinds."""
+
+    cr: float
+    time_ms: float
+    gain: float
+    front: list = field(default_factory=list)  # [(cr, time_ms, gain), ...] sorted by cr
+    curves: dict = field(default_factory=dict)
+    weights: tuple = (0.6, 0.4)
+
+    def explain(self) -> str:
+        lo, hi = self.front[0], self.front[-1]
+        return (f"picked cr={self.cr:.4g}: predicted comm {self.time_ms:.2f} ms, gain {self.gain:.3f}"
+                f" (front from cr={lo[0]:.4g}: {lo[1]:.2f} ms / gain {lo[2]:.3f} to cr={hi[0]:.4g}: "
+                f"{hi[1]:.2f} ms / gain {hi[2]:.3f}; weights time {self.weights[0]:g} / gain "
+                f"{self.weights[1]:g}; curves: time {self.curves.get('time')}, gain "
+                f"{self.curves.get('gain')})")
+
+
+def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
+             c_low: float, c_high: float, weights: tuple = (0.6, 0.4), pop_size: int = 40,
+             n_gen: int = 40, seed: int = 1) -> MooResult:
+    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves; ASF pick with ``weights``."""
+    from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.core.problem import Problem
+    from pymoo.decomposition.asf import ASF
+    from pymoo.operators.crossover.sbx import SBX
+    from pymoo.operators.mutation.pm import PM
+    from pymoo.operators.sampling.rnd import FloatRandomSampling
+    from pymoo.optimize import minimize
+
+    if not 0 < c_low < c_high <= 1:
+        raise ValueError(f"need 0 < c_low < c_high <= 1, got {c_low}, {c_high}")
+    time_curve = fit_comm_curve(crs, comm_ms)
+    gain_curve = fit_gain_curve(crs, gains)
+
+    class _Problem(Problem):
+        def __init__(self) -> None:
+            super().__init__(n_var=1, n_obj=2, xl=np.array([c_low]), xu=np.array([c_high]))
+
+        def _evaluate(self, x, out, *args, **kwargs):
+            c = x[:, 0]
+            out["F"] = np.column_stack([time_curve(c), 1.0 / np.maximum(gain_curve(c), 1e-9)])
+
+    algorithm = NSGA2(pop_size=pop_size, n_offsprings=max(2, pop_size // 4),
+                      sampling=FloatRandomSampling(), crossover=SBX(prob=0.9, eta=15),
+                      mutation=PM(eta=20), eliminate_duplicates=True)
+    res = minimize(_Problem(), algorithm, ("n_gen", n_gen), seed=seed, verbose=False)
+    X, F = np.atleast_2d(res.X).reshape(-1, 1), np.atleast_2d(res.F)
+    ideal, nadir = F.min(axis=0), F.max(axis=0)
+    span = np.where(nadir - ideal > 1e-12, nadir - ideal, 1.0)
+    normalised = (F - ideal) / span
+    w = np.asarray(weights, dtype=np.float64)
+    pick = int(ASF().do(normalised, 1.0 / w).argmin())
+    order = np.argsort(X[:, 0])
+    front = [(float(X[i, 0]), float(F[i, 0]), float(1.0 / F[i, 1])) for i in order]
+    return MooResult(cr=float(X[pick, 0]), time_ms=float(F[pick, 0]), gain=float(1.0 / F[pick, 1]),
+                     front=front, curves={"time": time_curve.kind, "gain": gain_curve.kind},
+                     weights=tuple(weights))

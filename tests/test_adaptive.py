@@ -1,0 +1,164 @@
+"""Adaptive CR pieces without Horovod: gains, curves, the Pareto pick, warm-up, triggers."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_flexcomm import Adaptive
+from hvd_flexcomm.adaptive import AdaptiveController, warmup_cr
+from hvd_flexcomm.gains import GainTracker, gains_at_crs
+from hvd_flexcomm.moo import fit_comm_curve, fit_gain_curve, solve_cr
+from hvd_flexcomm.topk import k_for
+
+CANDS = (0.1, 0.033, 0.011, 0.004, 0.001)
+
+
+def test_gains_of_all_candidates_from_one_pass_equal_brute_force():
+    g = torch.randn(200_000, generator=torch.Generator().manual_seed(3)) ** 3
+    got = gains_at_crs(g, CANDS)
+    total = float((g.double() ** 2).sum())
+    for cr, gain in zip(CANDS, got):
+        top = torch.topk(g.abs(), k_for(cr, g.numel())).values.double()
+        assert gain == pytest.approx(float((top ** 2).sum()) / total, rel=1e-5)  # fp32 total
+    assert got == sorted(got, reverse=True) and 0 < got[-1] < got[0] < 1
+    assert gains_at_crs(torch.zeros(10), CANDS) == [1.0] * 5
+    assert all(math.isnan(x) for x in gains_at_crs(torch.tensor([1.0, math.inf]), CANDS))
+
+
+def test_gain_tracker_smooths_and_measures_change():
+    t = GainTracker([0.1, 0.01], smoothing=0.5)
+    assert t.relative_change() == 0.0
+    t.update([0.8, 0.4])
+    assert t.relative_change() == math.inf
+    t.mark_reference()
+    t.update([0.8, 0.2])  # smoothed 0.3 vs reference 0.4: 25% change
+    assert t.relative_change() == pytest.approx(0.25)
+    t.update([math.nan, 0.1])  # non-finite measurements are ignored
+    assert t.samples == 2
+
+
+def test_warmup_schedule():
+    assert warmup_cr(0, 100, 0.1) == 1.0
+    assert warmup_cr(50, 100, 0.1) == pytest.approx(0.55)
+    assert warmup_cr(100, 100, 0.1) == 0.1 and warmup_cr(7, 0, 0.1) == 0.1
+    assert warmup_cr(54, 100, 0.1, every=10) == warmup_cr(50, 100, 0.1)  # held within a block
+    ramp = [warmup_cr(s, 40, 0.01) for s in range(41)]
+    assert all(a >= b for a, b in zip(ramp, ramp[1:]))
+
+
+def test_curves_fit_and_fall_back_to_interpolation():
+    crs = np.array(CANDS)
+    t = fit_comm_curve(crs, 2 + 300 * crs)
+    assert t.kind == "fit" and t.params["a_ms"] == pytest.approx(2) and t(0.05) == pytest.approx(17)
+    g = fit_gain_curve(crs, np.minimum(1, 2 * crs ** 0.4))
+    assert g.kind == "fit" and g.params["p"] == pytest.approx(0.4, rel=1e-6)
+    bumpy = np.array([5.0, 1.0, 9.0, 1.0, 4.0])  # no line fits within 25%
+    t2 = fit_comm_curve(crs, bumpy)
+    assert t2.kind == "interpolation" and t2(0.011) == pytest.approx(9.0)
+    g2 = fit_gain_curve(crs, np.array([0.9, math.nan, 0.5, 0.6, 0.05]))
+    assert g2.kind == "interpolation"
+    assert np.all(np.diff(g2(np.array(sorted(CANDS)))) >= 0)  # made monotone
+
+
+def _asf_pick_on_grid(time_fn, gain_fn, weights, lo=0.001, hi=0.1):
+    c = np.linspace(lo, hi, 20001)
+    F = np.column_stack([time_fn(c), 1 / gain_fn(c)])
+    ideal, nadir = F.min(0), F.max(0)
+    nF = (F - ideal) / (nadir - ideal)
+    return c[np.max(nF * np.asarray(weights), axis=1).argmin()]
+
+
+@pytest.mark.parametrize("weights", [(0.6, 0.4), (0.9, 0.1), (0.2, 0.8)])
+def test_pareto_pick_matches_brute_force_asf(weights):
+    crs = np.array(CANDS)
+    time_fn = lambda c: 1 + 200 * c  # noqa: E731
+    gain_fn = lambda c: np.minimum(1, 2 * c ** 0.4)  # noqa: E731
+    res = solve_cr(crs, time_fn(crs), gain_fn(crs), 0.001, 0.1, weights=weights)
+    expected = _asf_pick_on_grid(time_fn, gain_fn, weights)
+    assert res.cr == pytest.approx(expected, rel=0.1)
+    assert 0.001 <= res.cr <= 0.1 and res.curves == {"time": "fit", "gain": "fit"}
+    assert "picked cr=" in res.explain()
+
+
+def test_more_weight_on_time_means_lower_cr():
+    crs = np.array(CANDS)
+    times, gains = 1 + 200 * crs, np.minimum(1, 2 * crs ** 0.4)
+    fast = solve_cr(crs, times, gains, 0.001, 0.1, weights=(0.9, 0.1)).cr
+    accurate = solve_cr(crs, times, gains, 0.001, 0.1, weights=(0.1, 0.9)).cr
+    assert fast < accurate
+
+
+def test_solver_survives_unfittable_inputs():
+    res = solve_cr(CANDS, [3, 3, 3, 3, 3], [math.nan, math.nan, 0.4, math.nan, 0.0], 0.001, 0.1)
+    assert 0.001 <= res.cr <= 0.1 and res.curves["gain"] == "interpolation"
+
+
+def _controller(**kw):
+    mode = Adaptive(**{"cr": 0.1, "gain_every": 1, "min_interval": 10, **kw})
+    version = {"v": 0}
+    ctrl = AdaptiveController(mode, rank=0, hvd=None, process_set=None,
+                              predict_ms=lambda c: {"allgather": 1 + 100 * c, "allreduce": 2 + 50 * c},
+                              model_version=lambda: version["v"])
+    return ctrl, version
+
+
+def test_triggers_first_gain_change_network_change_and_min_interval():
+    ctrl, version = _controller()
+    g = torch.randn(50_000, generator=torch.Generator().manual_seed(0))
+    assert ctrl._trigger(0) is None  # no gains yet
+    ctrl.tracker.update(gains_at_crs(g, ctrl.mode.candidates))
+    assert ctrl._trigger(0) == "first optimisation after warm-up"
+    ctrl.last_submit_step, ctrl.last_model_version = 0, 0
+    ctrl.tracker.mark_reference()
+    assert ctrl._trigger(5) is None  # nothing changed
+    version["v"] = 1
+    assert ctrl._trigger(5) is None  # min_interval not over
+    assert ctrl._trigger(10) == "network model recalibrated"
+    ctrl.last_model_version = 1
+    ctrl.tracker.update([x * 0.5 for x in ctrl.tracker.smoothed])
+    assert ctrl._trigger(11).startswith("smoothed gain moved")
+
+
+def test_observe_runs_solver_in_background_and_failure_is_contained():
+    ctrl, _ = _controller(n_gen=5, pop_size=8)
+    g = torch.randn(20_000, generator=torch.Generator().manual_seed(1))
+    ctrl.observe(0, g)
+    assert ctrl.solves and ctrl._future is not None
+    ctrl._future.result(timeout=60)
+    cr = ctrl._ready_result()
+    assert 0.001 <= cr <= 0.1 and ctrl.last_result is not None
+    ctrl.close()
+
+
+def test_solver_failures_are_contained(caplog):
+    ctrl, _ = _controller()
+    ctrl.tracker.update([0.9, 0.7, 0.5, 0.3, 0.1])
+    cr_before = ctrl.cr
+
+    def broken_model(c):
+        raise RuntimeError("cost model exploded")
+
+    ctrl.predict_ms = broken_model
+    ctrl._submit(1, "test")  # does not raise: logged, training goes on
+    assert ctrl.failed and ctrl._future is None and ctrl.cr == cr_before
+    # a solve that raises in the background thread is contained too, and logged only once
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        ctrl._future = pool.submit(broken_model, 0.1)
+        ctrl._future.exception(timeout=10)
+    assert ctrl._ready_result() is None and ctrl.cr == cr_before
+    assert sum("CR optimisation failed" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"candidates": (0.1,)}, "candidates"), ({"c_low": 0.2, "c_high": 0.1}, "c_low"),
+    ({"weights": (1, -1)}, "weights"), ({"gain_every": 0}, "gain_every"),
+    ({"warmup_steps": -1}, "warmup_steps"), ({"gain_threshold": 0}, "gain_threshold"),
+    ({"candidates": (0.1, 2.0)}, "cr must be in"),
+])
+def test_adaptive_rejects_bad_settings(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        Adaptive(**kwargs)
