@@ -35,9 +35,9 @@ log = logging.getLogger("hvd_flexcomm.flexible")
 PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
 _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
 
-#: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 3 + CONTROL_SLOTS
-#: float64 per rank; AR appends size + 1 + CONTROL_SLOTS values to the k values it allreduces.
-AG_EXTRA_BYTES = 8 * (3 + CONTROL_SLOTS)
+#: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
+#: float64 per rank; AR appends size + 3 + CONTROL_SLOTS values to the k values it allreduces.
+AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
 
 
 class FlexibleController:
@@ -72,7 +72,7 @@ class FlexibleController:
         use; it matches what ``sync.py`` sends)."""
         vb, n = self.value_bytes, self.world_size
         return {"allgather": (vb + 4) * k + AG_EXTRA_BYTES, "broadcast": 4 * k,
-                "allreduce": vb * (k + n + 1 + CONTROL_SLOTS)}
+                "allreduce": vb * (k + n + 3 + CONTROL_SLOTS)}
 
     def predict(self, cr: float) -> dict[str, float]:
         """Predicted ms of each path at compression ratio ``cr`` from the calibrated fits."""

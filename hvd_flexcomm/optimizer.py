@@ -116,7 +116,8 @@ class _FlexMethods(torch.optim.Optimizer):
             step=self._flex_step, rank=self.process_set.rank(), size=self.process_set.size(),
             cr=self._flex_cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
             average=average, predivide=self.gradient_predivide_factor if average else 1.0,
-            process_set=self.process_set, hvd=hvd, control=self._flex_control)
+            process_set=self.process_set, hvd=hvd, control=self._flex_control,
+            agreement=self._flex_agreement_hash())
 
     def _flex_fingerprint(self) -> dict:
         names = [self._parameter_names.get(p) for m in self._flex_messages for p in m.params]
@@ -146,6 +147,13 @@ class _FlexMethods(torch.optim.Optimizer):
                         f"{reference.get(key)!r}, rank {rank} has {theirs.get(key)!r}. Every rank "
                         "must build the same model and pass the same compression settings."
                     )
+
+    def _flex_agreement_hash(self) -> int:
+        """A small hash of (settings, step, CR, path) that every rank puts in its payload; the
+        receivers compare them (see ``sync.py``), so a rank whose state diverged is caught at the
+        step it diverges, at no extra message."""
+        text = f"{self._flex_mode.describe()}|{self._flex_step}|{self._flex_cr!r}|{self._flex_path()}"
+        return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
 
     # -- Horovod overrides ---------------------------------------------------------------------
     def _register_hooks(self):
@@ -412,7 +420,11 @@ def DistributedOptimizer(
     ``k`` (entries sent), ``bytes_sent`` (this rank's payload bytes), ``compress_ms``,
     ``comm_ms``, ``gain`` (‖compressed‖² / ‖error-fed‖², a fraction), ``skipped`` (a non-finite
     gradient on some rank: the step was skipped on every rank, residuals kept) and
-    ``nonfinite_ranks``.
+    ``nonfinite_ranks``. Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms`` and
+    ``probe_ms``.
+
+    Every top-k payload carries a small hash of (settings, step, CR, path); if the ranks' hashes
+    differ (their state diverged), every rank raises the same ``RuntimeError`` at that step.
     """
     hvd = require_horovod()
     from horovod.torch.optimizer import _DistributedOptimizer

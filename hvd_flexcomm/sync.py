@@ -42,8 +42,10 @@ __all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "fini
 
 #: Control entries (Flexible's shared timings) carried in every top-k payload; rank 0's count.
 CONTROL_SLOTS = 4
-#: float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite, control...
-_EXTRA_AG = 3 + CONTROL_SLOTS
+#: float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite, agreement, control...
+_EXTRA_AG = 4 + CONTROL_SLOTS
+#: AR payload: per-rank one-hot flags (size), gain, agreement h and h², control (CONTROL_SLOTS)
+_EXTRA_AR_FIXED = 3 + CONTROL_SLOTS
 _F64 = torch.float64
 
 
@@ -64,6 +66,7 @@ class StepConfig:
     process_set: Any = None
     hvd: Any = None  # the horovod.torch module
     control: tuple = (0.0,) * CONTROL_SLOTS  # sent by rank 0 to everyone (see flexible.py)
+    agreement: int = 0  # hash of (settings, step, CR, path); must be equal on every rank
 
 
 @dataclass
@@ -106,6 +109,27 @@ class MessageOutcome:
     timings_ms: tuple = (0.0, 0.0, 0.0)  # this rank's (first, second, VAR) collective times
 
 
+def _small_hash(agreement: int, size: int, dtype: torch.dtype) -> Optional[int]:
+    """The agreement hash reduced so that Σh and Σh² over ``size`` ranks stay exact integers in
+    ``dtype`` (float32: 8 bits up to 256 ranks, 4 bits beyond; float64: 16 bits). Half-precision
+    payloads carry no check (None: a zero is sent)."""
+    if dtype == torch.float64:
+        bits = 16
+    elif dtype == torch.float32:
+        bits = 8 if size <= 256 else 4
+    else:
+        return None
+    return agreement % (1 << bits)
+
+
+def _disagree(cfg: StepConfig, hashes: Optional[list]) -> None:
+    seen = f" (per-rank hashes {hashes})" if hashes else ""
+    raise RuntimeError(
+        f"hvd_flexcomm: ranks disagree on step / CR / collective at this rank's step {cfg.step} "
+        f"(cr {cfg.cr!r}, path {cfg.path}){seen}; the ranks' training state has diverged, "
+        "stopping before gradients mix")
+
+
 def _collective_kwargs(cfg: StepConfig) -> dict:
     return {} if cfg.process_set is None else {"process_set": cfg.process_set}
 
@@ -144,7 +168,7 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         if cfg.average and cfg.predivide != 1.0:
             values = values * (1.0 / cfg.predivide)
         extras = torch.tensor([sq_sent, sq_total if not nonfinite else 0.0, float(nonfinite),
-                               *cfg.control], dtype=_F64)
+                               float(cfg.agreement % (1 << 32)), *cfg.control], dtype=_F64)
         payload = torch.cat([extras.view(torch.uint8), values.view(torch.uint8),
                              idx.view(torch.uint8)])
         pending.indices = idx
@@ -198,11 +222,14 @@ def advance(pending: Pending) -> None:
     local_gain = gain(squared_norm(values), pending.sq_total) if not pending.nonfinite_local else 0.0
     if cfg.average and cfg.predivide != 1.0:
         values = values * (1.0 / cfg.predivide)
-    extras = torch.zeros(cfg.size + 1 + CONTROL_SLOTS, dtype=values.dtype)
+    extras = torch.zeros(cfg.size + _EXTRA_AR_FIXED, dtype=values.dtype)
     extras[cfg.rank] = 1.0 if pending.nonfinite_local else 0.0
     extras[cfg.size] = local_gain
+    h = _small_hash(cfg.agreement, cfg.size, values.dtype) or 0
+    extras[cfg.size + 1] = float(h)
+    extras[cfg.size + 2] = float(h * h)
     if cfg.rank == 0:  # the sum delivers rank 0's control entries to everyone
-        extras[cfg.size + 1:] = torch.tensor(cfg.control, dtype=values.dtype)
+        extras[cfg.size + 3:] = torch.tensor(cfg.control, dtype=values.dtype)
     payload = torch.cat([values, extras])
     pending.bytes_sent += payload.numel() * payload.element_size()
     pending.phase = "reducing"
@@ -247,7 +274,10 @@ def finish(pending: Pending) -> MessageOutcome:
         values = rows[:, 8 * _EXTRA_AG:8 * _EXTRA_AG + value_bytes].contiguous().view(msg.dtype)
         indices = rows[:, 8 * _EXTRA_AG + value_bytes:].contiguous().view(torch.int32)
         flags = extras[:, 2]
-        outcome.control = extras[0, 3:].tolist()
+        outcome.control = extras[0, 4:].tolist()
+        hashes = extras[:, 3]
+        if bool((hashes != hashes[0]).any()):
+            _disagree(cfg, [int(h) for h in hashes.tolist()])
         if bool((flags != 0).any()):
             outcome.skipped = True
             outcome.nonfinite_ranks = [int(r) for r in torch.nonzero(flags).view(-1)]
@@ -261,7 +291,11 @@ def finish(pending: Pending) -> MessageOutcome:
             msg.residual = commit_residual(pending.error_fed, pending.indices)
     else:
         values, flags, gain_sum = output[:k], output[k:k + size], output[k + size]
-        outcome.control = output[k + size + 1:].tolist()
+        h_sum, h2_sum = float(output[k + size + 1]), float(output[k + size + 2])
+        outcome.control = output[k + size + 3:].tolist()
+        # all h equal  <=>  (Σh)² == N·Σh²  (Cauchy-Schwarz); exact: small integers
+        if _small_hash(cfg.agreement, size, output.dtype) is not None and h_sum * h_sum != size * h2_sum:
+            _disagree(cfg, None)
         if bool((flags != 0).any()):
             outcome.skipped = True
             outcome.nonfinite_ranks = [int(r) for r in torch.nonzero(flags).view(-1)]

@@ -381,3 +381,22 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
             "steps_during_solves": steps_during, "failed": ctrl.failed,
             "state_has_gains": state["gains"]["smoothed"] is not None if hvd.rank() == 0 else None,
             "last_result": state["last_result"]}
+
+
+def desynchronised_step_is_caught(kind: str = "ag") -> str:
+    """Rank 1's step counter jumps (as a bug would make it): the periodic agreement check must
+    stop every rank with the same error before gradients mix."""
+    import horovod.torch as hvd
+
+    model = _model()
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                            named_parameters=model.named_parameters(),
+                                            compression=_mode(kind, 0.05))
+    for step in range(12):
+        if step == 5 and hvd.rank() == 1:
+            opt._flex_step += 1
+        x, y = _batch(step, hvd.rank())
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return "no error"

@@ -139,3 +139,12 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     # training went on while rank 0 solved: steps completed inside every solve window
     assert all(n > 0 for n in r0["steps_during_solves"]), r0
     assert r0["state_has_gains"] and r0["last_result"]["front"]
+
+
+@pytest.mark.parametrize("kind", ["ag", "var"])
+def test_diverged_ranks_are_stopped_by_agreement_check(kind):
+    outcomes = run_parallel("tests.mp_bodies:desynchronised_step_is_caught", np=2,
+                            expect_failure=True, timeout=90, kind=kind)
+    for status, text in outcomes:
+        assert status == "error" and "ranks disagree on step / CR / collective" in text, text
+        assert "step 5" in text or "step 6" in text
