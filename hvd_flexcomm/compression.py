@@ -46,6 +46,13 @@ def validate_cr(cr: Any) -> float:
     return value
 
 
+def _check_selector(selector: Any) -> str:
+    """The selector, lower-cased, or ``ValueError`` naming the bad value."""
+    if not isinstance(selector, str) or selector.lower() not in SELECTORS:
+        raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    return selector.lower()
+
+
 @dataclass(frozen=True)
 class Dense:
     """Dense allreduce, identical to ``horovod.torch.DistributedOptimizer``.
@@ -114,9 +121,7 @@ class ARTopk(TopkCompression):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.selector, str) or self.selector.lower() not in SELECTORS:
-            raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
-        object.__setattr__(self, "selector", self.selector.lower())
+        object.__setattr__(self, "selector", _check_selector(self.selector))
 
     def describe(self) -> str:
         return (
@@ -154,9 +159,7 @@ class Flexible(TopkCompression):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.selector, str) or self.selector.lower() not in SELECTORS:
-            raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
-        object.__setattr__(self, "selector", self.selector.lower())
+        object.__setattr__(self, "selector", _check_selector(self.selector))
         if self.granularity != "model":
             raise ValueError("Flexible supports granularity='model' only (the cost model counts "
                              f"one message per step), got {self.granularity!r}")

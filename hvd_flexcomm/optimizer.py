@@ -219,9 +219,12 @@ class _FlexMethods(torch.optim.Optimizer):
             t0 = time.perf_counter()
             _DistributedOptimizer.synchronize(self)
             self._flex_step += 1
+            numel = sum(p.numel() for p in self._requires_update)
+            nbytes = sum(p.numel() * p.element_size() for p in self._requires_update)
             self.last_stats = {"step": self._flex_step - 1, "cr": 1.0, "collective": "dense",
-                               "root_rank": None, "k": None, "comm_ms": 1e3 * (
-                                   time.perf_counter() - t0), "compress_ms": 0.0}
+                               "root_rank": None, "k": numel, "bytes_sent": nbytes,
+                               "compress_ms": 0.0, "comm_ms": 1e3 * (time.perf_counter() - t0),
+                               "gain": 1.0, "skipped": False, "nonfinite_ranks": []}
             return
         if not self.process_set.included():
             self._synchronized = True

@@ -53,15 +53,20 @@ def launcher_argv(np: int, controller: str) -> list[str]:
 
 
 def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: float = 120,
-                 expect_failure: bool = False, env: dict | None = None, **kwargs: Any) -> list:
+                 expect_failure: bool = False, env: dict | None = None,
+                 wrap: Any = None, **kwargs: Any) -> list:
     """Run ``module:function(**kwargs)`` on ``np`` ranks; return the per-rank results.
 
     With ``expect_failure=True`` the ranks are expected to raise: the per-rank outcomes are then
     returned as ``("error", traceback_text)`` / ``("ok", value)`` tuples instead of failing.
+    ``wrap(np, rank_argv) -> argv`` replaces the local launcher (e.g. an emulated network's
+    ``Emulator.horovodrun_argv``).
     """
     with tempfile.TemporaryDirectory(prefix="hvdfc-test-") as outdir:
-        argv = launcher_argv(np, controller) + [
-            sys.executable, "-m", "tests.rank_main", target, outdir, json.dumps(kwargs)]
+        os.chmod(outdir, 0o777)
+        rank_argv = [sys.executable, "-m", "tests.rank_main", target, outdir, json.dumps(kwargs)]
+        argv = (wrap(np, rank_argv) if wrap is not None
+                else launcher_argv(np, controller) + rank_argv)
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=horovod_env(env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:

@@ -400,3 +400,76 @@ def desynchronised_step_is_caught(kind: str = "ag") -> str:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     return "no error"
+
+
+def _resume_build(kind: str):
+    model = _model(seed=5)
+    opt = hvd_flexcomm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=_mode(kind, 0.05))
+    return model, opt
+
+
+def _resume_run(model, opt, first: int, last: int) -> None:
+    import horovod.torch as hvd
+
+    for step in range(first, last):
+        x, y = _batch(step, hvd.rank())
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def checkpoint_save(kind: str, folder: str, steps: int = 8) -> list:
+    """Launch 1: an uninterrupted run of ``steps`` steps (its parameters are returned), then a
+    fresh run of half as many steps saved the Horovod way: rank 0 saves the model, every rank
+    saves its own optimizer state (residuals are per rank)."""
+    import horovod.torch as hvd
+
+    model, opt = _resume_build(kind)
+    _resume_run(model, opt, 0, steps)
+    straight = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+    model, opt = _resume_build(kind)
+    _resume_run(model, opt, 0, steps // 2)
+    if hvd.rank() == 0:
+        torch.save(model.state_dict(), f"{folder}/model.pt")
+    torch.save(opt.state_dict(), f"{folder}/optimizer-rank{hvd.rank()}.pt")
+    return straight
+
+
+def checkpoint_load(kind: str, folder: str, steps: int = 8) -> list:
+    """Launch 2 (new processes): load rank 0's model (broadcast) and this rank's optimizer
+    state, run the remaining steps, return the parameters."""
+    import horovod.torch as hvd
+
+    model, opt = _resume_build(kind)
+    if hvd.rank() == 0:
+        model.load_state_dict(torch.load(f"{folder}/model.pt"))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt.load_state_dict(torch.load(f"{folder}/optimizer-rank{hvd.rank()}.pt", weights_only=False))
+    _resume_run(model, opt, steps // 2, steps)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+
+
+def flexible_training_on_lossy_link(steps: int = 60) -> dict:
+    """Flexible training over a lossy, jittery link: it must still train correctly (TCP
+    retransmits), agree across ranks, and not flap between collectives."""
+    model = _model(wide=128)
+    opt = hvd_flexcomm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+        compression=hvd_flexcomm.Flexible(cr=0.05, probe_repeats=2))
+    import horovod.torch as hvd
+
+    losses, paths = [], []
+    x, y = _batch(0, hvd.rank(), n=128)  # a fixed batch: the loss must fall
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+        paths.append(opt.last_stats["collective"])
+    switches = sum(a != b for a, b in zip(paths, paths[1:]))
+    return {"first_loss": losses[0], "last_loss": losses[-1], "switches": switches,
+            "paths": paths, "params_agree": _params_agree(model),
+            "probes": opt._flex_controller.n_full_probes}

@@ -148,3 +148,12 @@ def test_diverged_ranks_are_stopped_by_agreement_check(kind):
     for status, text in outcomes:
         assert status == "error" and "ranks disagree on step / CR / collective" in text, text
         assert "step 5" in text or "step 6" in text
+
+
+@pytest.mark.parametrize("kind", ["star", "ag"])
+def test_resume_in_new_processes_repeats_uninterrupted_run(kind, tmp_path):
+    straight = run_parallel("tests.mp_bodies:checkpoint_save", np=2, kind=kind, folder=str(tmp_path))
+    assert (tmp_path / "optimizer-rank1.pt").exists() and (tmp_path / "model.pt").exists()
+    resumed = run_parallel("tests.mp_bodies:checkpoint_load", np=2, kind=kind, folder=str(tmp_path))
+    for a, b in zip(straight, resumed):
+        assert a == b  # bit for bit

@@ -12,7 +12,9 @@ names host *d*, and the packet goes through the link ``s -> d``:
 1. rate (if limited): the link serialises packets one after another at ``rate_bps``; a packet starts
    when the link is free and takes ``8 * len(packet) / rate_bps`` seconds. A packet that would wait
    more than ``queue_s`` seconds for the link is dropped (drop-tail queue).
-2. delay: the packet is then held ``delay_s`` seconds (propagation), in a heap keyed by release
+0. loss (if set): the packet is dropped with probability ``1 - (1 - loss)^segments``;
+2. delay: the packet is then held ``delay_s`` seconds (propagation) plus a uniform random jitter in
+   ``[0, jitter_s]``, in a heap keyed by release
    time, never released before an earlier packet of the same link (links stay FIFO when the delay
    shrinks).
 3. it is written to host *d*'s TUN, and *d*'s kernel receives it.
@@ -21,9 +23,9 @@ Packets that are not IPv4, or whose destination is not an emulated host, are dro
 
 Control protocol: one JSON object per line on stdin, one JSON reply per line on stdout.
 
-- ``{"cmd": "set", "delay_s": float, "rate_bps": float|null, "queue_s": float,
-  "src": int|null, "dst": int|null}`` sets every link (or only those from ``src`` / to ``dst``);
-  the change applies to packets read after it, at once.
+- ``{"cmd": "set", "delay_s": float, "rate_bps": float|null, "queue_s": float, "loss": float,
+  "jitter_s": float, "src": int|null, "dst": int|null}`` sets every link (or only those from
+  ``src`` / to ``dst``); the change applies to packets read after it, at once.
 - ``{"cmd": "stats"}`` replies with packet and byte counters.
 - ``{"cmd": "quit"}`` or end of file on stdin stops the relay (its TUN interfaces go with it).
 
@@ -39,6 +41,7 @@ import heapq
 import json
 import math
 import os
+import random
 import selectors
 import struct
 import sys
@@ -119,12 +122,14 @@ def open_tun(netns_path: str, ifname: str, offload: bool) -> int:
 class Link:
     """State of one direction ``src -> dst``: its parameters and when it is next free (seconds)."""
 
-    __slots__ = ("delay_s", "rate_bps", "queue_s", "free_at", "last_release")
+    __slots__ = ("delay_s", "rate_bps", "queue_s", "loss", "jitter_s", "free_at", "last_release")
 
     def __init__(self) -> None:
         self.delay_s = 0.0
         self.rate_bps: Optional[float] = None
         self.queue_s = 0.1
+        self.loss = 0.0
+        self.jitter_s = 0.0
         self.free_at = 0.0
         self.last_release = 0.0
 
@@ -144,12 +149,14 @@ class Relay:
             "forwarded_packets": 0,
             "forwarded_bytes": 0,
             "dropped_queue": 0,
+            "dropped_loss": 0,
             "dropped_unknown": 0,
             "dropped_write": 0,
             "released": 0,  # packets that waited in the heap
             "late_us_sum": 0.0,  # sum over them of (time written - release time), microseconds
         }
         self.ctl_buf = b""
+        self.rng = random.Random(12345)
         self.running = True
         self.sel = selectors.DefaultSelector()
         for i, fd in enumerate(fds):
@@ -176,6 +183,8 @@ class Relay:
                     link.delay_s = float(msg["delay_s"])
                     link.rate_bps = None if rate is None else float(rate)
                     link.queue_s = float(msg.get("queue_s", 0.1))
+                    link.loss = float(msg.get("loss", 0.0))
+                    link.jitter_s = float(msg.get("jitter_s", 0.0))
             self._reply({"ok": True})
         elif cmd == "stats":
             self._reply({"ok": True, **self.stats, "queued": len(self.heap)})
@@ -213,11 +222,13 @@ class Relay:
         self.stats["forwarded_packets"] += 1
         self.stats["forwarded_bytes"] += len(pkt)
 
-    def _wire_bytes(self, pkt: bytes) -> int:
-        """Bytes this packet occupies on the link: its IPv4 length, or for a TCP super-packet the
-        sum over the MTU-sized segments it stands for (each repeats the IP and TCP headers)."""
+    def _segments(self, pkt: bytes) -> tuple[int, int]:
+        """``(wire bytes, segments)`` of a packet: its IPv4 length and 1, or for a TCP
+        super-packet the sum over the MTU-sized segments it stands for (each repeats the IP and
+        TCP headers) and their number."""
         h = self.h
         n = len(pkt) - h
+        nseg = 1
         if h and pkt[1] == VIRTIO_NET_HDR_GSO_TCPV4:
             gso_size = pkt[4] | (pkt[5] << 8)
             ihl = (pkt[h] & 0x0F) * 4
@@ -225,7 +236,11 @@ class Relay:
             if gso_size > 0 and n > hdrs:
                 nseg = -(-(n - hdrs) // gso_size)
                 n += (nseg - 1) * hdrs
-        return n
+        return n, nseg
+
+    def _wire_bytes(self, pkt: bytes) -> int:
+        """Bytes this packet occupies on the link (see :meth:`_segments`)."""
+        return self._segments(pkt)[0]
 
     def _accept(self, src: int, pkt: bytes, now: float) -> None:
         h = self.h
@@ -237,6 +252,11 @@ class Relay:
             self.stats["dropped_unknown"] += 1
             return
         link = self.links[src][dst]
+        if link.loss > 0.0:
+            nseg = self._segments(pkt)[1]
+            if self.rng.random() < 1.0 - (1.0 - link.loss) ** nseg:
+                self.stats["dropped_loss"] += 1
+                return
         done = now
         if link.rate_bps is not None:
             start = link.free_at if link.free_at > now else now
@@ -246,6 +266,8 @@ class Relay:
             done = start + 8.0 * self._wire_bytes(pkt) / link.rate_bps
             link.free_at = done
         release = done + link.delay_s
+        if link.jitter_s > 0.0:
+            release += self.rng.uniform(0.0, link.jitter_s)
         if release < link.last_release:
             release = link.last_release
         link.last_release = release
