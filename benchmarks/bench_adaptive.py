@@ -1,0 +1,544 @@
+"""Acceptance benchmark of ``Adaptive``: time to reach Dense accuracy - 1 point on Fashion-MNIST over
+an emulated constrained network (root only).
+
+    python benchmarks/bench_adaptive.py --quick      # < 3 min smoke run: N=2, small MLP, 4 methods
+    python benchmarks/bench_adaptive.py              # N=4, 100 Mbit/s, 5 ms, 7 methods: ~25 min
+    python benchmarks/bench_adaptive.py --n 2 --rate-mbit 50 --delay-ms 10 --methods dense adaptive
+    python benchmarks/bench_adaptive.py --methods dense ar:0.1 adaptive adaptive:150   # warm-up 150
+    python benchmarks/bench_adaptive.py --render results/adaptive/adaptive.json   # tables/plots only
+
+Setting: N ranks (``--n``, default 4), one per network namespace of the emulator
+(``hvd_flexcomm.netem``), every link ``--delay-ms`` one way (default 5) and ``--rate-mbit``
+(default 100); one ``horovodrun --gloo`` job trains every method in turn (``adaptive_job.py``).
+Model: ``MLP(hidden=768, depth=2)`` = 784-768-768-10, **1,201,162 parameters** (4.8 MB of float32
+gradient per step: a dense ring allreduce moves ~7 MB per rank at N=4, ~0.6 s at 100 Mbit/s). SGD,
+momentum 0.9, lr 0.01 per rank (x N), batch 64 per rank, the 60 000 training images; accuracy on
+the 10 000 test images.
+
+Procedure:
+
+1. Dense (``hvd_flexcomm.Dense()``, i.e. Horovod's own allreduce path) trains ``--dense-steps``
+   steps (default 160, 0.68 epoch at N=4); its final test accuracy ``A`` gives the target
+   ``A - 1 point`` and its training clock ``T_D`` the budget of the others;
+2. every other method trains from the same initial weights until its training clock reaches
+   ``--time-factor x T_D`` (default 1.0) or ``--step-factor x`` Dense's steps (default 3),
+   whichever comes first; the check happens at evaluations (so a run can overshoot by up to
+   ``--eval-every`` steps);
+3. the test accuracy is measured every ``--eval-every`` steps (default 20) and at the end;
+   evaluation time is **excluded** from the training clock, which runs on rank 0 from each step's
+   forward pass to the end of its ``opt.step()`` (computation, compression, probes, communication
+   and waiting for slower ranks). Time to target = the training clock at the first evaluation
+   whose accuracy is >= the target (resolved to ``--eval-every`` steps).
+
+Methods (``--methods``): ``dense``, ``ag:CR`` (``AGTopk``), ``ar:CR`` (``ARTopk``, STAR),
+``flexible:CR`` (``Flexible``), ``adaptive`` (``Adaptive`` with its defaults -- CR 0.1 right after
+warm-up, candidates 0.1..0.001, ``[c_low, c_high] = [0.001, 0.1]``, weights (0.6, 0.4), STAR --
+plus ``warmup_steps=--warmup-steps``, default 50: the CR falls linearly from 1.0 to 0.1 over the
+first 50 steps, in blocks of 10), ``adaptive:W`` (the same with a warm-up of W steps). Default:
+Dense, AG-Topk 0.1 / 0.01, AR-Topk 0.1 / 0.01, Flexible 0.01, Adaptive.
+
+Targets (reported, not asserted): Adaptive reaches the target in less training time than every
+fixed-CR run (AG/AR/Flexible) and Dense; its final accuracy is never more than 1 point below Dense's.
+
+``--quick``: N=2, ``MLP(hidden=256)`` (269,322 parameters), Dense 20 steps, the others 40 steps (no
+time budget), evaluation every 10 steps, Dense / AR-Topk 0.01 / Flexible 0.01 / Adaptive with a
+10-step warm-up: a smoke test of the whole pipeline, its numbers mean little.
+
+Writes ``adaptive.json`` (everything, including every step's CR, collective and timings),
+``adaptive.md`` (the table), ``accuracy_vs_time.png`` (accuracy vs training time, every method)
+and ``adaptive_cr.png`` (Adaptive's CR and collective per step, Flexible's for comparison) under
+``--out`` (default ``results/adaptive/``), plus ``job.log`` (the job's output). The machine has 2
+cores shared with other jobs: N=4 ranks oversubscribe it and the collectives wait for the slowest
+rank, so step times carry noise; the load average at start and end is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adaptive_job.py")
+TAG = "[adaptive_job]"
+
+DEFAULT_METHODS = ["dense", "ag:0.1", "ag:0.01", "ar:0.1", "ar:0.01", "flexible:0.01", "adaptive"]
+QUICK_METHODS = ["dense", "ar:0.01", "flexible:0.01", "adaptive"]
+MODEL = {"kind": "mlp", "hidden": 768, "depth": 2}
+QUICK_HIDDEN = 256  # --quick: 269,322 parameters
+DEFAULT_DENSE_STEPS = 160  # 0.68 epoch at N=4
+DEFAULT_WARMUP = 50
+QUICK_DENSE_STEPS = 20
+QUICK_WARMUP = 10
+TRAIN_IMAGES = 60_000
+
+
+def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
+    """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` -> a plan entry."""
+    kind, _, arg = text.lower().partition(":")
+    if kind == "dense":
+        return {"name": "Dense", "kind": "dense", "cr": 1.0}
+    if kind == "adaptive":  # "adaptive" or "adaptive:W" (warm-up of W steps instead of the default)
+        name = "Adaptive"
+        if arg:
+            warmup_steps = int(arg)
+            name = f"Adaptive (warm-up {warmup_steps})"
+        return {"name": name, "kind": "adaptive", "cr": None,
+                "options": {"warmup_steps": warmup_steps}}
+    if kind not in ("ag", "ar", "flexible") or not arg:
+        raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR or adaptive")
+    cr = float(arg)
+    if not 0 < cr <= 1:
+        raise ValueError(f"bad CR in {text!r}")
+    if kind == "ag":
+        return {"name": f"AG-Topk {cr:g}", "kind": "ag", "cr": cr}
+    if kind == "ar":
+        return {"name": f"AR-Topk {cr:g}", "kind": "ar", "cr": cr, "options": {"selector": "star"}}
+    return {"name": f"Flexible {cr:g}", "kind": "flexible", "cr": cr}
+
+
+def adaptive_defaults() -> dict[str, Any]:
+    """The Adaptive options the benchmark relies on (its defaults), recorded in the JSON."""
+    from hvd_flexcomm import Adaptive
+
+    a = Adaptive()
+    return {"cr": a.cr, "c_low": a.c_low, "c_high": a.c_high, "candidates": list(a.candidates),
+            "weights": list(a.weights), "gain_every": a.gain_every, "sync_every": a.sync_every,
+            "min_interval": a.min_interval, "gain_threshold": a.gain_threshold,
+            "selector": a.selector}
+
+
+# -- running the job ------------------------------------------------------------------------------
+
+
+def job_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("HOROVOD_LOG_LEVEL", "warning")
+    return env
+
+
+def read_records(ctl: str) -> list[dict[str, Any]]:
+    path = os.path.join(ctl, "results.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str, Any],
+            timeout_s: float, log_path: str, check_link: bool) -> tuple[list[dict], dict, Optional[str]]:
+    """Run ``adaptive_job.py`` on ``n`` emulated hosts; (records, link check, error or None)."""
+    from hvd_flexcomm.netem import Emulator, LinkSpec
+
+    ctl = tempfile.mkdtemp(prefix="hfc-adaptive-")
+    os.chmod(ctl, 0o777)
+    link: dict[str, Any] = {}
+    error = None
+    try:
+        with open(os.path.join(ctl, "plan.json"), "w") as fh:
+            json.dump(plan, fh)
+        with Emulator(n_hosts=n, link=LinkSpec(delay_ms=delay_ms, rate_mbit=rate_mbit)) as emu:
+            link["rtt_ms"] = emu.measure_rtt_ms(0, 1)
+            if check_link:
+                link["throughput_mbit"] = emu.measure_throughput_mbit(0, 1, seconds=1.0)
+            print(f"[bench_adaptive] emulated link: RTT {link['rtt_ms']:.2f} ms"
+                  + (f", TCP {link['throughput_mbit']:.1f} Mbit/s" if check_link else ""), flush=True)
+            argv = emu.horovodrun_argv(n, [sys.executable, JOB, "--ctl", ctl], start_timeout_s=120)
+            with open(log_path, "w") as log:
+                proc = subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, cwd=REPO)
+            try:
+                error = _follow(proc, ctl, log_path, timeout_s)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        return read_records(ctl), link, error
+    finally:
+        shutil.rmtree(ctl, ignore_errors=True)
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()[-n:]
+    except OSError:
+        return ""
+
+
+def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float) -> Optional[str]:
+    """Echo rank 0's progress lines until the job ends; an error text if it failed."""
+    deadline = time.monotonic() + timeout_s
+    pos = 0
+    while True:
+        with open(log_path, errors="replace") as fh:
+            fh.seek(pos)
+            chunk = fh.read()
+        cut = chunk.rfind("\n") + 1
+        pos += len(chunk[:cut].encode())
+        for line in chunk[:cut].splitlines():
+            if TAG in line:
+                print(line[line.index(TAG):], flush=True)
+        rc = proc.poll()
+        if rc is not None:
+            if rc != 0 or not os.path.exists(os.path.join(ctl, "done")):
+                return f"job failed (rc {rc}); output tail:\n{_tail(log_path)}"
+            return None
+        if time.monotonic() > deadline:
+            return f"job timed out after {timeout_s:.0f} s; output tail:\n{_tail(log_path)}"
+        time.sleep(0.2)
+
+
+# -- summaries ------------------------------------------------------------------------------------
+
+
+def _mean(xs: list) -> Optional[float]:
+    xs = [float(x) for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[str, Any]:
+    """One row of the table from one method record of the job."""
+    hit = next((e for e in rec["evals"] if e["accuracy"] >= target), None)
+    ps = rec["per_step"]
+    row = {
+        "name": rec["method"]["name"], "kind": rec["method"]["kind"], "cr": rec["method"]["cr"],
+        "describe": rec["describe"],
+        "time_to_target_s": None if hit is None else hit["train_s"],
+        "steps_to_target": None if hit is None else hit["step"],
+        "final_accuracy": rec["final_accuracy"],
+        "best_accuracy": max(e["accuracy"] for e in rec["evals"]),
+        "delta_vs_dense_pts": 100 * (rec["final_accuracy"] - reference_acc),
+        "steps": rec["steps"], "train_s": rec["train_s"],
+        "mean_step_ms": 1e3 * rec["train_s"] / max(rec["steps"], 1),
+        "median_step_ms": statistics.median(ps["ms"]) if ps["ms"] else None,
+        "mean_comm_ms": _mean(ps["comm_ms"]), "mean_compress_ms": _mean(ps["compress_ms"]),
+        "probe_ms_total": sum(x for x in ps["probe_ms"] if x),
+        "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
+        "epochs_started": rec["epochs_started"],
+    }
+    if rec["method"]["kind"] == "adaptive":
+        crs = [c for c in ps["cr"] if c is not None]
+        warm = rec["method"]["options"]["warmup_steps"]
+        after = crs[warm:]
+        row["cr_first"] = crs[0] if crs else None
+        row["cr_last"] = crs[-1] if crs else None
+        row["cr_min"] = min(crs) if crs else None
+        row["cr_max"] = max(crs) if crs else None
+        row["cr_mean_after_warmup"] = _mean(after)
+        row["cr_changes"] = rec.get("adaptive", {}).get("changes")
+    return row
+
+
+def assess(rows: list[dict[str, Any]], dense_acc: float) -> dict[str, Any]:
+    """The acceptance targets (reported, not asserted) and the Adaptive-vs-best-fixed ratio."""
+    ada = next((r for r in rows if r["kind"] == "adaptive"), None)
+    dense = next((r for r in rows if r["kind"] == "dense"), None)
+    fixed = [r for r in rows if r["kind"] in ("ag", "ar", "flexible")]
+    out: dict[str, Any] = {"adaptive": None if ada is None else ada["name"]}
+    if ada is None:
+        return out
+    t_ada = ada["time_to_target_s"]
+    reached = [r for r in fixed if r["time_to_target_s"] is not None]
+    best = min(reached, key=lambda r: r["time_to_target_s"]) if reached else None
+    out["best_fixed"] = None if best is None else best["name"]
+    out["best_fixed_time_s"] = None if best is None else best["time_to_target_s"]
+    out["adaptive_time_s"] = t_ada
+    out["ratio_adaptive_vs_best_fixed"] = (t_ada / best["time_to_target_s"]
+                                           if t_ada is not None and best is not None else None)
+    t_dense = None if dense is None else dense["time_to_target_s"]
+    out["ratio_adaptive_vs_dense"] = t_ada / t_dense if t_ada and t_dense else None
+
+    def faster(r: dict) -> bool:
+        return t_ada is not None and (r["time_to_target_s"] is None or t_ada < r["time_to_target_s"])
+
+    others = fixed + ([dense] if dense is not None else [])
+    out["faster_than"] = {r["name"]: faster(r) for r in others}
+    out["target_faster_than_all"] = bool(others) and all(faster(r) for r in others)
+    out["target_accuracy_within_1pt"] = ada["final_accuracy"] >= dense_acc - 0.01
+    return out
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+
+
+def _fmt_s(x: Optional[float]) -> str:
+    return "not reached" if x is None else f"{x:.1f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    rows = result["rows"]
+    a = result["assessment"]
+    lines = [
+        f"# Adaptive CR: time to Dense accuracy - {100 * s['target_drop']:g} point",
+        "",
+        f"N = {s['n']} ranks, {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way "
+        f"(measured RTT {result['link'].get('rtt_ms', float('nan')):.2f} ms"
+        + (f", TCP {result['link']['throughput_mbit']:.1f} Mbit/s" if "throughput_mbit" in result["link"]
+           else "") + f"); model {s['model_name']} ({s['parameters']:,} parameters); batch "
+        f"{s['batch_size']}/rank, lr {s['lr']:g}/rank x N, momentum {s['momentum']:g}; Fashion-MNIST "
+        f"(60 000 train, 10 000 test).",
+        "",
+        f"Dense: {s['dense_steps']} steps; final accuracy **{100 * result['dense_accuracy']:.2f}%**, "
+        f"target **{100 * result['target']:.2f}%**; budget of the others: "
+        + (f"{result['time_budget_s']:.1f} s of training or " if result["time_budget_s"] else "")
+        + f"{s['max_steps_other']} steps. "
+        f"Accuracy measured every {s['eval_every']} steps, evaluation excluded from the clock. "
+        f"Adaptive: warm-up {s['warmup_steps']} steps, defaults otherwise.",
+        "",
+        "| method | time to target (s) | steps to target | final acc (%) | vs Dense (pts) | steps | "
+        "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | collectives |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        coll = ", ".join(f"{k} {v}" for k, v in sorted(r["collectives"].items()))
+        comm = "-" if r["mean_comm_ms"] is None else f"{r['mean_comm_ms']:.1f}"
+        lines.append(
+            f"| {r['name']} | {_fmt_s(r['time_to_target_s'])} | "
+            f"{r['steps_to_target'] if r['steps_to_target'] is not None else '-'} | "
+            f"{100 * r['final_accuracy']:.2f} | {r['delta_vs_dense_pts']:+.2f} | {r['steps']} | "
+            f"{r['train_s']:.1f} | {r['mean_step_ms']:.0f} | {r['median_step_ms']:.0f} | {comm} | "
+            f"{coll} |")
+    for ada in (r for r in rows if r["kind"] == "adaptive"):
+        lines += ["", f"{ada['name']}'s CR: first {ada['cr_first']:g}, last {ada['cr_last']:g}, range "
+                  f"[{ada['cr_min']:g}, {ada['cr_max']:g}], mean after warm-up "
+                  f"{ada['cr_mean_after_warmup'] or float('nan'):.4g}; changes after warm-up "
+                  f"(step, CR): {ada['cr_changes']}."]
+    if a.get("adaptive"):
+        ratio = a.get("ratio_adaptive_vs_best_fixed")
+        faster = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in a["faster_than"].items())
+        lines += [
+            "",
+            "Targets (reported, not asserted):",
+            f"- Adaptive faster to target than every fixed-CR run and Dense: "
+            f"**{'met' if a['target_faster_than_all'] else 'not met'}** "
+            f"({faster})",
+            f"- Adaptive final accuracy >= Dense - 1 point: "
+            f"**{'met' if a['target_accuracy_within_1pt'] else 'not met'}**",
+            "- Adaptive / best fixed-CR time to target: "
+            + ("n/a" if ratio is None else f"{ratio:.2f} (best fixed: {a['best_fixed']}, "
+                                            f"{a['best_fixed_time_s']:.1f} s)"),
+        ]
+    la0, la1 = result["loadavg_start"], result["loadavg_end"]
+    lines += ["", f"Load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, at end "
+              f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} on {result['cpus']} CPUs: other jobs share the "
+              "machine, so step times (and thus times to target) carry noise of this order; the "
+              f"ranks ran one torch thread each. Total run {result['total_s']:.0f} s."]
+    if result.get("error"):
+        lines += ["", "**The job failed** (partial results):", "", "```", result["error"][-1500:], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict[str, Any], out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for rec in result["records"]:
+        xs = [e["train_s"] for e in rec["evals"]]
+        ys = [100 * e["accuracy"] for e in rec["evals"]]
+        style = {"lw": 2.4, "color": "black"} if rec["method"]["kind"] == "adaptive" else {"lw": 1.3}
+        ax.plot(xs, ys, marker=".", ms=3, label=rec["method"]["name"], **style)
+    ax.axhline(100 * result["target"], color="red", ls="--", lw=1,
+               label=f"target {100 * result['target']:.2f}%")
+    lo = max(0.0, 100 * result["target"] - 15)
+    ax.set_ylim(lo, min(100.0, 100 * result["dense_accuracy"] + 4))
+    ax.set_xlabel("training time (s, rank 0, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    s = result["settings"]
+    ax.set_title(f"Fashion-MNIST, {s['model_name']}, N={s['n']}, {s['rate_mbit']:g} Mbit/s, "
+                 f"{s['delay_ms']:g} ms")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    p = os.path.join(out, "accuracy_vs_time.png")
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    recs = [r for r in result["records"] if r["method"]["kind"] in ("adaptive", "flexible")]
+    if recs:
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
+                                       gridspec_kw={"height_ratios": [2, 1]})
+        levels = {"dense": 0, "allreduce": 1, "allgather": 2}
+        for i, rec in enumerate(recs):
+            ps = rec["per_step"]
+            steps = list(range(1, len(ps["cr"]) + 1))
+            is_ada = rec["method"]["kind"] == "adaptive"
+            color = "black" if is_ada else f"C{i}"
+            ax1.step(steps, ps["cr"], where="post", color=color, lw=2 if is_ada else 1,
+                     label=rec["method"]["name"])
+            ys = [levels.get(c, -1) + (0.0 if is_ada else 0.15) for c in ps["collective"]]
+            ax2.scatter(steps, ys, s=4, color=color, label=rec["method"]["name"])
+        ax1.set_yscale("log")
+        ax1.set_ylabel("compression ratio")
+        ax1.grid(alpha=0.3, which="both")
+        ax1.legend(fontsize=8)
+        ax1.set_title("Adaptive's CR and collective per step (Flexible for comparison)")
+        ax2.set_yticks(list(levels.values()), list(levels.keys()))
+        ax2.set_ylim(-0.5, 2.6)
+        ax2.set_xlabel("step")
+        ax2.grid(alpha=0.3)
+        fig.tight_layout()
+        p = os.path.join(out, "adaptive_cr.png")
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def build_result(records: list[dict], settings: dict, link: dict, loadavg_start: tuple,
+                 loadavg_end: tuple, total_s: float, error: Optional[str]) -> dict[str, Any]:
+    methods = [r for r in records if r.get("kind") == "method"]
+    tgt = next((r for r in records if r.get("kind") == "target"), None)
+    if tgt is None:
+        raise RuntimeError("the job produced no Dense result (no target): " + (error or "?"))
+    dense_acc = tgt["reference_accuracy"]
+    rows = [summarize(r, tgt["target"], dense_acc) for r in methods]
+    return {
+        "settings": settings, "link": link, "cpus": os.cpu_count(),
+        "loadavg_start": list(loadavg_start), "loadavg_end": list(loadavg_end),
+        "total_s": total_s, "dense_accuracy": dense_acc, "target": tgt["target"],
+        "time_budget_s": tgt["time_budget_s"], "rows": rows,
+        "assessment": assess(rows, dense_acc), "records": methods, "error": error,
+    }
+
+
+def write_outputs(result: dict[str, Any], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "adaptive.json"), "w") as fh:
+        json.dump(result, fh)
+    md = markdown(result)
+    with open(os.path.join(out, "adaptive.md"), "w") as fh:
+        fh.write(md)
+    for p in plots(result, out):
+        print(f"[bench_adaptive] wrote {p}")
+    print(md)
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="< 3 min smoke run: N=2, MLP 784-256-256-10, "
+                    "20 Dense steps, 40 for the others, 4 methods, warm-up 10 steps")
+    ap.add_argument("--n", type=int, default=None, help="ranks (default 4; --quick: 2)")
+    ap.add_argument("--rate-mbit", type=float, default=100.0, help="link rate, Mbit/s (default 100)")
+    ap.add_argument("--delay-ms", type=float, default=5.0, help="one-way delay, ms (default 5)")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help=f"methods, Dense first (default {' '.join(DEFAULT_METHODS)})")
+    ap.add_argument("--dense-steps", type=int, default=None,
+                    help=f"Dense's budget in steps (default {DEFAULT_DENSE_STEPS}; --quick: "
+                         f"{QUICK_DENSE_STEPS})")
+    ap.add_argument("--dense-epochs", type=float, default=None,
+                    help="Dense's budget in epochs instead (60 000 / (N x batch) steps each)")
+    ap.add_argument("--time-factor", type=float, default=None,
+                    help="other methods stop after this x Dense's training time (default 1.0; "
+                         "--quick: 0 = no time limit, steps only)")
+    ap.add_argument("--step-factor", type=float, default=None,
+                    help="... or after this x Dense's steps (default 3; --quick: 2)")
+    ap.add_argument("--target-drop", type=float, default=0.01, help="target = Dense acc - this")
+    ap.add_argument("--eval-every", type=int, default=None, help="steps between evaluations "
+                    "(default 20; --quick: 10)")
+    ap.add_argument("--warmup-steps", type=int, default=None,
+                    help=f"Adaptive's warm-up steps (default {DEFAULT_WARMUP}; --quick: {QUICK_WARMUP})")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.01, help="per rank (scaled by N)")
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--hidden", type=int, default=None, help="MLP width (default 768; --quick: 256)")
+    ap.add_argument("--depth", type=int, default=MODEL["depth"], help="MLP hidden layers")
+    ap.add_argument("--timeout-s", type=float, default=None, help="job timeout (default 45 min; "
+                    "--quick: 240 s)")
+    ap.add_argument("--out", default=os.path.join(REPO, "results", "adaptive"))
+    ap.add_argument("--render", metavar="JSON", help="re-render the table and plots of a saved run")
+    args = ap.parse_args(argv)
+
+    if args.render:
+        with open(args.render) as fh:
+            result = json.load(fh)
+        write_outputs(result, os.path.dirname(os.path.abspath(args.render)))
+        return 0
+    if os.geteuid() != 0:
+        print("bench_adaptive needs root (network namespaces)", file=sys.stderr)
+        return 2
+
+    quick = args.quick
+    n = args.n or (2 if quick else 4)
+    warmup = args.warmup_steps if args.warmup_steps is not None else (
+        QUICK_WARMUP if quick else DEFAULT_WARMUP)
+    eval_every = args.eval_every or (10 if quick else 20)
+    methods = [parse_method(m, warmup) for m in (args.methods or (QUICK_METHODS if quick
+                                                                   else DEFAULT_METHODS))]
+    if methods[0]["kind"] != "dense":
+        ap.error("the first method must be dense (it sets the target)")
+    if args.dense_steps:
+        dense_steps = args.dense_steps
+    elif args.dense_epochs:
+        dense_steps = int(args.dense_epochs * (TRAIN_IMAGES // n) // args.batch_size)
+    else:
+        dense_steps = QUICK_DENSE_STEPS if quick else DEFAULT_DENSE_STEPS
+    step_factor = args.step_factor or (2.0 if quick else 3.0)
+    time_factor = args.time_factor if args.time_factor is not None else (0.0 if quick else 1.0)
+    timeout_s = args.timeout_s or (240.0 if quick else 2700.0)
+    hidden = args.hidden or (QUICK_HIDDEN if quick else MODEL["hidden"])
+    model = {"kind": "mlp", "hidden": hidden, "depth": args.depth}
+
+    from hvd_flexcomm.models import MLP, count_parameters
+
+    params = count_parameters(MLP(hidden=hidden, depth=args.depth))
+    settings = {
+        "quick": quick, "n": n, "rate_mbit": args.rate_mbit, "delay_ms": args.delay_ms,
+        "model": model, "model_name": f"MLP(784-{'-'.join([str(hidden)] * args.depth)}-10)",
+        "parameters": params, "batch_size": args.batch_size, "lr": args.lr,
+        "momentum": args.momentum, "seed": args.seed, "dense_steps": dense_steps,
+        "time_factor": time_factor, "step_factor": step_factor,
+        "max_steps_other": int(round(step_factor * dense_steps)),
+        "target_drop": args.target_drop, "eval_every": eval_every, "warmup_steps": warmup,
+        "methods": methods, "adaptive_defaults": adaptive_defaults(),
+        "clock": "rank 0 perf_counter from each step's forward pass to the end of opt.step(); "
+                 "evaluation excluded",
+    }
+    plan = {"model": model, "batch_size": args.batch_size, "lr": args.lr,
+            "momentum": args.momentum, "seed": args.seed, "methods": methods,
+            "dense_steps": dense_steps, "time_factor": time_factor,
+            "step_factor": step_factor, "target_drop": args.target_drop,
+            "eval_every": eval_every}
+    os.makedirs(args.out, exist_ok=True)
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    print(f"[bench_adaptive] N={n}, {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms; "
+          f"{settings['model_name']} ({params:,} parameters); Dense {dense_steps} steps; methods "
+          f"{', '.join(m['name'] for m in methods)}; load average {load0[0]:.2f}", flush=True)
+    records, link, error = run_job(n, args.rate_mbit, args.delay_ms, plan, timeout_s,
+                                   os.path.join(args.out, "job.log"), check_link=not quick)
+    load1 = os.getloadavg()
+    if error:
+        print(f"[bench_adaptive] {error}", file=sys.stderr)
+    result = build_result(records, settings, link, load0, load1, time.monotonic() - t0, error)
+    write_outputs(result, args.out)
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Flexible on a network that changes mid-run: does it switch collective, and how fast? (root only)
+
+    python benchmarks/bench_flexible_change.py                       # N=2, the default pair
+    python benchmarks/bench_flexible_change.py --n 4 --cr 0.1 --steps 80 \\
+        --phase 0 10 inf --phase 30 0.1 100                          # STEP LATENCY_MS RATE_MBIT|inf
+    python benchmarks/bench_flexible_change.py --render results/flexible_change/change.json
+
+One ``Flexible(cr)`` optimizer (one parameter of ``--numel`` float32 entries, ResNet-18's size by
+default, whose ``.grad`` is refilled with standard-normal values each step) runs ``--steps`` steps
+on the network emulator; before step ``STEP`` of each ``--phase`` the parent applies that phase's
+link (every rank waits at that step boundary until it is in force, see ``flexible_driver.py``).
+Recorded per step (rank 0): the collective used, Flexible's predicted ms of both paths, the
+measured communication ms, the probing ms and the link in force.
+
+Acceptance (reported, not asserted): after each change, Flexible uses another collective within
+20 steps (searched until the next change). A change after which the same path stays best needs
+no switch; the report says which path was in use before and after.
+
+Writes ``change.json`` (per-step records + summary) and ``change.png`` (predicted vs measured time
+and the chosen path over the steps, the changes marked) under ``--out`` (default
+``results/flexible_change/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import flexible_driver as drv  # noqa: E402
+
+TARGET_STEPS = 20
+#: Default schedule, from the grid at N=2, cr=0.1: 10 ms / unlimited (AG-Topk faster: one collective
+#: instead of two at a high latency) -> 0.1 ms / 100 Mbit (AR-Topk faster) -> back.
+DEFAULT_PHASES = [(0, 10.0, None), (30, 0.1, 100.0), (70, 10.0, None)]
+
+
+def _rate(text: str) -> Optional[float]:
+    return None if text.lower() in ("inf", "unlimited", "none") else float(text)
+
+
+def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str, Any]]:
+    """For each change step: the path in use before it, the first later step on another path."""
+    steps = sorted((r for r in records if r.get("kind") == "step"), key=lambda r: r["step"])
+    by_step = {r["step"]: r for r in steps}
+    out = []
+    for c in changes:
+        if c == 0:
+            continue
+        before = by_step.get(c - 1, {}).get("collective")
+        nxt = [x for x in changes if x > c]
+        seg = [r for r in steps if c <= r["step"] < (nxt[0] if nxt else math.inf)]
+        switch = next((r["step"] for r in seg if r["collective"] != before), None)
+        after = [r["collective"] for r in seg]
+        probes = [r["step"] for r in seg if r.get("probe_ms")]
+        out.append({
+            "change_step": c, "network": by_step.get(c, {}).get("network"), "segment_steps": len(seg),
+            "path_before": before, "switch_step": switch,
+            "steps_to_switch": None if switch is None else switch - c,
+            "within_target": switch is not None and switch - c <= TARGET_STEPS,
+            "paths_until_next_change": dict(Counter(after)), "probe_steps": probes,
+        })
+    return out
+
+
+def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted((r for r in records if r.get("kind") == "step"), key=lambda r: r["step"])
+    xs = [r["step"] for r in steps]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 1]})
+    pa = [(r.get("predicted_ms") or {}).get("allgather", math.nan) for r in steps]
+    pr = [(r.get("predicted_ms") or {}).get("allreduce", math.nan) for r in steps]
+    ax1.plot(xs, pa, color="tab:blue", ls="--", lw=1.2, label="predicted AG-Topk")
+    ax1.plot(xs, pr, color="tab:orange", ls="--", lw=1.2, label="predicted AR-Topk")
+    for coll, color, marker in (("allgather", "tab:blue", "o"), ("allreduce", "tab:orange", "^")):
+        sel = [r for r in steps if r["collective"] == coll]
+        ax1.scatter([r["step"] for r in sel], [r["comm_ms"] for r in sel], color=color, marker=marker,
+                    s=18, label=f"measured ({coll})", zorder=3)
+    probes = [r for r in steps if r.get("probe_ms")]
+    for r in probes:
+        ax1.axvspan(r["step"] - 0.5, r["step"] + 0.5, color="0.85", zorder=0)
+    for c in changes:
+        if c:
+            net = next((r["network"] for r in steps if r["step"] == c), None) or {}
+            for ax in (ax1, ax2):
+                ax.axvline(c - 0.5, color="red", lw=1.5)
+            ax1.annotate(f"-> {net.get('label', '?')}", (c - 0.5, 1.0), xycoords=("data", "axes fraction"),
+                         color="red", ha="left", va="top", fontsize=9)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("comm ms per step")
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    ax1.set_title(title + ("  (grey: probing steps)" if probes else ""))
+    ax2.step(xs, [1 if r["collective"] == "allreduce" else 0 for r in steps], where="mid",
+             color="black")
+    ax2.set_yticks([0, 1])
+    ax2.set_yticklabels(["AG-Topk", "AR-Topk"])
+    ax2.set_ylim(-0.3, 1.3)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("path")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict]:
+    os.makedirs(out, exist_ok=True)
+    changes = meta["change_steps"]
+    result = analyse(records, changes)
+    with open(os.path.join(out, "change.json"), "w") as fh:
+        json.dump({"meta": meta, "changes": result, "records": records}, fh, indent=1)
+    if any(r.get("kind") == "step" for r in records):
+        plot(records, changes, os.path.join(out, "change.png"),
+             f"Flexible(cr={meta['cr']:g}), N={meta['n']}, {meta['numel']} entries")
+    return result
+
+
+def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    steps = [r for r in records if r.get("kind") == "step"]
+    for seg in result:
+        net = (seg["network"] or {}).get("label", "?")
+        if seg["switch_step"] is None:
+            lines.append(f"- change at step {seg['change_step']} (-> {net}): still on "
+                         f"{seg['path_before']} until the next change or the end (no switch); paths: "
+                         f"{seg['paths_until_next_change']}; probing at steps {seg['probe_steps']}")
+        else:
+            lines.append(f"- change at step {seg['change_step']} (-> {net}): {seg['path_before']} -> "
+                         f"another path at step {seg['switch_step']} ({seg['steps_to_switch']} steps; "
+                         f"target <= {TARGET_STEPS}: {'met' if seg['within_target'] else 'NOT met'}); "
+                         f"paths until the next change: {seg['paths_until_next_change']}; probing at "
+                         f"steps {seg['probe_steps']}")
+    lines.append(f"- steps recorded: {len(steps)}; probing steps overall: "
+                 f"{[r['step'] for r in steps if r.get('probe_ms')]}")
+    return lines
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--numel", type=int, default=drv.RESNET18_NUMEL)
+    ap.add_argument("--cr", type=float, default=0.1)
+    ap.add_argument("--steps", type=int, default=110)
+    ap.add_argument("--phase", nargs=3, action="append", metavar=("STEP", "LATENCY_MS", "RATE_MBIT"),
+                    help="from STEP on, this link (repeat; the first must be step 0)")
+    ap.add_argument("--hysteresis", type=float, help="Flexible option (default: the package's)")
+    ap.add_argument("--drift-patience", type=int, help="Flexible option")
+    ap.add_argument("--reprobe-interval", type=int, help="Flexible option")
+    ap.add_argument("--no-barrier", action="store_true", help="no untimed barrier before each step")
+    ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "flexible_change"))
+    ap.add_argument("--timeout-s", type=float, default=3000.0)
+    ap.add_argument("--render", metavar="JSON", help="only re-render a change.json")
+    args = ap.parse_args(argv)
+
+    if args.render:
+        with open(args.render) as fh:
+            data = json.load(fh)
+        result = write_outputs(args.out, data["records"], data["meta"])
+        print("\n".join(report(result, data["records"])))
+        return 0
+
+    phases = ([(int(s), float(d), _rate(b)) for s, d, b in args.phase] if args.phase
+              else DEFAULT_PHASES)
+    phases.sort()
+    if phases[0][0] != 0:
+        ap.error("the first --phase must start at step 0")
+    networks = [drv.network(d, b) for _, d, b in phases]
+    changes = [s for s, _, _ in phases]
+    flex_options = {k: v for k, v in (("hysteresis", args.hysteresis),
+                                      ("drift_patience", args.drift_patience),
+                                      ("reprobe_interval", args.reprobe_interval)) if v is not None}
+    plan = {"kind": "change", "numel": args.numel, "cr": args.cr, "steps": args.steps,
+            "changes": [[s, i] for i, s in enumerate(changes)], "flex_options": flex_options,
+            "barrier": not args.no_barrier}
+    meta = {"n": args.n, "numel": args.numel, "cr": args.cr, "steps": args.steps,
+            "phases": [{"step": s, **net} for s, net in zip(changes, networks)],
+            "change_steps": changes, "flex_options": flex_options, "barrier": not args.no_barrier,
+            "started": time.strftime("%c")}
+    print(f"Flexible change: N={args.n}, {args.numel} entries, cr={args.cr:g}, {args.steps} steps; "
+          + ", ".join(f"step {s}: {net['label']}" for s, net in zip(changes, networks)), flush=True)
+    t0 = time.perf_counter()
+    failure = None
+    try:
+        records = drv.run_job(args.n, plan, networks, args.timeout_s,
+                              on_line=lambda line: print(f"  {line}", flush=True))
+    except drv.JobError as exc:
+        records, failure = exc.records, str(exc)
+        print(f"job FAILED: {exc}", flush=True)
+    meta["elapsed_s"] = time.perf_counter() - t0
+    meta["failure"] = failure
+    result = write_outputs(args.out, records, meta)
+    print(f"\nwrote {args.out}/change.json, change.png ({meta['elapsed_s']:.0f} s)")
+    print("\n".join(report(result, records)))
+    return 1 if failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

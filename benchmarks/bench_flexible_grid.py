@@ -1,0 +1,375 @@
+"""Acceptance grid of ``Flexible``: AG-Topk vs AR-Topk vs Flexible on emulated networks (root only).
+
+    python benchmarks/bench_flexible_grid.py --quick          # < 3 min: 1M elements, 4 cells
+    python benchmarks/bench_flexible_grid.py --full           # 11.7M elements, 3x3x3x2 = 54 cells
+    python benchmarks/bench_flexible_grid.py --n 2 --cr 0.01 --latency-ms 0.1 10 --bandwidth 100 inf
+    python benchmarks/bench_flexible_grid.py --render results/flexible_grid/grid.json   # no run
+
+For every cell (N ranks x one-way latency x link rate x compression ratio) on the network emulator
+(``hvd_flexcomm.netem``, one rank per network namespace) it measures the communication time of one
+step (``opt.last_stats["comm_ms"]``, rank 0's; median of the timed steps after warm-up) of
+
+- AG-Topk: ``AGTopk(cr)``;
+- AR-Topk: ``ARTopk(cr, selector="star")``;
+- Flexible: ``Flexible(cr)``, built afresh in every cell (so its start-up calibration runs on that
+  network), with its choice and its predicted time of each path.
+
+The gradient has ResNet-18's size (11,689,512 float32) unless ``--numel``; there is no model, only
+one parameter whose ``.grad`` is refilled with standard-normal values before every step (from a
+small pool of pre-drawn normal tensors, see ``flexible_job.py``).
+
+One emulator and one ``horovodrun`` job per (N, network) runs every cr of that network: fresh
+TCP connections for every network. (``--reuse-job``: one job per N for all its networks, the parent
+changing the emulated link between them, see ``flexible_driver.py``; faster, but TCP connections
+then carry congestion state, e.g. a reduced ``ssthresh`` after losses on a 100 Mbit link, into the
+next network: measured here, AG-Topk at N=4, 10 ms / unlimited, cr=0.1 took 2.4 s after the
+100 Mbit and 1 Gbit cells of the same job, 1.2 s in a fresh job.)
+
+Acceptance targets (reported, not asserted):
+
+1. median over cells of ``|predicted - measured| / measured`` <= 15 % per path, comparing
+   Flexible's prediction of each path (median over its timed steps; also reported: the prediction
+   right after the start-up calibration) with the measured AG-Topk and AR-Topk times of the cell;
+2. Flexible's comm time <= 1.05 x min(AG, AR) in >= 90 % of cells.
+
+Writes ``grid.json`` (all cells, every step), ``grid.md`` (one row per cell) and ``grid.png``
+under ``--out`` (default ``results/flexible_grid/``). Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import flexible_driver as drv  # noqa: E402
+
+TARGET_ERR = 0.15
+TARGET_RATIO = 1.05
+TARGET_SHARE = 0.90
+_SHORT = {"allgather": "AG", "allreduce": "AR"}
+
+FULL = {"n": [2, 4], "latency_ms": [0.1, 1.0, 10.0], "bandwidth": [100.0, 1000.0, None],
+        "cr": [0.1, 0.01, 0.001], "numel": drv.RESNET18_NUMEL, "warmup": 2, "steps": 4}
+QUICK = {"n": [2], "latency_ms": [0.1, 10.0], "bandwidth": [100.0, None], "cr": [0.01],
+         "numel": 1_000_000, "warmup": 2, "steps": 4}
+
+
+def _rate(text: str) -> Optional[float]:
+    if text.lower() in ("inf", "unlimited", "none"):
+        return None
+    return float(text)
+
+
+def _median(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(xs) if xs else float("nan")
+
+
+# -- per-cell summary --------------------------------------------------------------------------------
+
+
+def summarize(rec: dict[str, Any]) -> dict[str, Any]:
+    """One row of the table from one job record (see ``flexible_job.py``)."""
+    timed = rec["timed"]
+    ag = _median([s["comm_ms"] for s in timed["ag"]])
+    ar = _median([s["comm_ms"] for s in timed["ar"]])
+    fl = _median([s["comm_ms"] for s in timed["flex"]])
+    choices = Counter(s["collective"] for s in timed["flex"])
+    choice = choices.most_common(1)[0][0]
+    pred = {p: _median([s["predicted_ms"][p] for s in timed["flex"] if s.get("predicted_ms")])
+            for p in ("allgather", "allreduce")}
+    first = rec["warmup"]["flex"][0] if rec["warmup"]["flex"] else timed["flex"][0]
+    pred0 = first.get("predicted_ms") or {}
+    best = "allgather" if ag <= ar else "allreduce"
+    ref = {"allgather": ag, "allreduce": ar}
+    own = [s for s in timed["flex"] if s["collective"] == choice and s.get("predicted_ms")]
+    wall = {m: _median([s["wall_ms"] for s in timed[m]]) for m in ("ag", "ar", "flex")}
+    net = rec["network"]
+    return {
+        "N": rec["N"], "latency_ms": net["delay_ms"], "rate_mbit": net["rate_mbit"],
+        "network": net["label"], "cr": rec["cr"], "numel": rec["numel"],
+        "ag_ms": ag, "ar_ms": ar, "flex_ms": fl,
+        "choice": choice, "choices": dict(choices), "best": best,
+        "pred_ag_ms": pred["allgather"], "pred_ar_ms": pred["allreduce"],
+        "err_ag": abs(pred["allgather"] - ag) / ag, "err_ar": abs(pred["allreduce"] - ar) / ar,
+        "pred0_ag_ms": pred0.get("allgather", float("nan")),
+        "pred0_ar_ms": pred0.get("allreduce", float("nan")),
+        "err0_ag": abs(pred0.get("allgather", float("nan")) - ag) / ag,
+        "err0_ar": abs(pred0.get("allreduce", float("nan")) - ar) / ar,
+        "flex_ratio": fl / min(ag, ar), "flex_ok": fl <= TARGET_RATIO * min(ag, ar),
+        "choice_is_best": choice == best,
+        # routing quality without Flexible's own (noisy) run: the measured time of the path it
+        # chose, from the AG-Topk / AR-Topk runs, against the better of the two
+        "choice_regret": ref[choice] / min(ag, ar),
+        # noise floor: Flexible on one path throughout vs the fixed-path run of that same path
+        "same_path_ratio": fl / ref[choice] if len(choices) == 1 else None,
+        # prediction vs Flexible's own measurement of the path it ran
+        "err_own": (abs(_median([s["predicted_ms"][choice] for s in own]) - fl) / fl
+                    if len(choices) == 1 and own else None),
+        "probe_ms": first.get("probe_ms", float("nan")),
+        "wall_ag_ms": wall["ag"], "wall_ar_ms": wall["ar"], "wall_flex_ms": wall["flex"],
+        "wall_ratio": wall["flex"] / min(wall["ag"], wall["ar"]),
+        "flex_switches": rec.get("flex_switches"), "flex_full_probes": rec.get("flex_full_probes"),
+        "cell_s": rec.get("cell_s"),
+    }
+
+
+def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {}
+    med = {key: _median([r[key] for r in rows]) for key in ("err_ag", "err_ar", "err0_ag", "err0_ar")}
+    ok = sum(1 for r in rows if r["flex_ok"])
+    same = [r["same_path_ratio"] for r in rows if r["same_path_ratio"] is not None]
+    return {
+        "cells": len(rows),
+        "median_err_ag": med["err_ag"], "median_err_ar": med["err_ar"],
+        "median_err0_ag": med["err0_ag"], "median_err0_ar": med["err0_ar"],
+        "err_target": TARGET_ERR,
+        "err_met": med["err_ag"] <= TARGET_ERR and med["err_ar"] <= TARGET_ERR,
+        "flex_within_5pct": ok, "flex_within_5pct_share": ok / len(rows),
+        "share_target": TARGET_SHARE, "share_met": ok / len(rows) >= TARGET_SHARE,
+        "choice_is_best_share": sum(r["choice_is_best"] for r in rows) / len(rows),
+        "wall_within_5pct_share": sum(r["wall_ratio"] <= TARGET_RATIO for r in rows) / len(rows),
+        "median_flex_ratio": _median([r["flex_ratio"] for r in rows]),
+        "choice_regret_within_5pct_share": sum(r["choice_regret"] <= TARGET_RATIO for r in rows)
+        / len(rows),
+        "same_path_cells": len(same),
+        "same_path_within_5pct_share": (sum(abs(x - 1) <= 0.05 for x in same) / len(same)
+                                        if same else None),
+        "same_path_le_105_share": sum(x <= TARGET_RATIO for x in same) / len(same) if same else None,
+        "same_path_median_abs_dev": _median([abs(x - 1) for x in same]),
+        "median_err_own": _median([r["err_own"] for r in rows if r["err_own"] is not None]),
+    }
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+
+
+def _f(x: Any, nd: int = 1) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def markdown(rows: list[dict[str, Any]], acc: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [
+        f"# Flexible acceptance grid ({meta.get('mode')}, {meta.get('numel')} float32 entries)", "",
+        "Times: rank 0's communication ms per step (`last_stats['comm_ms']`), median of the timed "
+        "steps. Pred: Flexible's predicted ms per path (median over its timed steps); err = "
+        "|pred - measured| / measured against the AG-Topk / AR-Topk runs of the same cell. "
+        "Ratio: Flexible / min(AG, AR). `*` marks a choice that was not the faster path.", "",
+        "| N | latency | bandwidth | cr | AG ms | AR ms | Flexible ms | choice | ratio | pred AG | "
+        "pred AR | err AG | err AR | wall AG/AR/Flex ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rate = "unlimited" if r["rate_mbit"] is None else (
+            f"{r['rate_mbit'] / 1000:g} Gbit" if r["rate_mbit"] >= 1000 else f"{r['rate_mbit']:g} Mbit")
+        mark = "" if r["choice_is_best"] else "*"
+        short = _SHORT[r["choice"]]
+        if len(r["choices"]) > 1:
+            short += " (" + ",".join(f"{_SHORT[k]}x{v}" for k, v in sorted(r["choices"].items())) + ")"
+        lines.append(
+            f"| {r['N']} | {r['latency_ms']:g} ms | {rate} | {r['cr']:g} | {_f(r['ag_ms'])} | "
+            f"{_f(r['ar_ms'])} | {_f(r['flex_ms'])} | {short}{mark} | {_f(r['flex_ratio'], 2)} | "
+            f"{_f(r['pred_ag_ms'])} | {_f(r['pred_ar_ms'])} | {_f(100 * r['err_ag'], 0)}% | "
+            f"{_f(100 * r['err_ar'], 0)}% | {_f(r['wall_ag_ms'], 0)}/{_f(r['wall_ar_ms'], 0)}/"
+            f"{_f(r['wall_flex_ms'], 0)} |")
+    if acc:
+        lines += ["", "## Acceptance (reported, not asserted)", "", *summary_lines(acc)]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(acc: dict[str, Any]) -> list[str]:
+    yes = {True: "met", False: "NOT met"}
+    out = [
+        f"- cells: {acc['cells']}",
+        f"- median |pred - measured| / measured: AG {100 * acc['median_err_ag']:.1f}%, AR "
+        f"{100 * acc['median_err_ar']:.1f}% (target <= {100 * acc['err_target']:.0f}% each: "
+        f"{yes[acc['err_met']]}); right after start-up calibration: AG "
+        f"{100 * acc['median_err0_ag']:.1f}%, AR {100 * acc['median_err0_ar']:.1f}%",
+        f"- Flexible <= 1.05 x min(AG, AR): {acc['flex_within_5pct']}/{acc['cells']} cells = "
+        f"{100 * acc['flex_within_5pct_share']:.0f}% (target >= {100 * acc['share_target']:.0f}%: "
+        f"{yes[acc['share_met']]}); median ratio {acc['median_flex_ratio']:.2f}",
+        f"- Flexible chose the measured-faster path in {100 * acc['choice_is_best_share']:.0f}% of "
+        f"cells; whole-step wall time (top-k + communication) within 5% of the better path in "
+        f"{100 * acc['wall_within_5pct_share']:.0f}% of cells",
+        f"- routing alone (the fixed-path time of the path Flexible chose <= 1.05 x the better "
+        f"one): {100 * acc['choice_regret_within_5pct_share']:.0f}% of cells",
+    ]
+    if acc.get("same_path_cells"):
+        out.append(
+            f"- noise floor: in the {acc['same_path_cells']} cells where Flexible stayed on one path, "
+            f"its comm time vs the fixed-path run of that same path: median |ratio - 1| "
+            f"{100 * acc['same_path_median_abs_dev']:.0f}%, within +-5% in "
+            f"{100 * acc['same_path_within_5pct_share']:.0f}%, <= 1.05 in "
+            f"{100 * acc['same_path_le_105_share']:.0f}% of them; prediction vs Flexible's own "
+            f"measurement of the path it ran: median error {100 * acc['median_err_own']:.0f}%")
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6.5), gridspec_kw={"width_ratios": [1, 2]})
+    lo = min(min(r["ag_ms"], r["ar_ms"]) for r in rows) / 1.5
+    hi = max(max(r["ag_ms"], r["ar_ms"]) for r in rows) * 1.5
+    ax1.plot([lo, hi], [lo, hi], color="0.6", lw=1, ls="--", label="AG = AR")
+    for choice, marker, color in (("allgather", "o", "tab:blue"), ("allreduce", "^", "tab:orange")):
+        sel = [r for r in rows if r["choice"] == choice]
+        good = [r for r in sel if r["flex_ok"]]
+        bad = [r for r in sel if not r["flex_ok"]]
+        ax1.scatter([r["ag_ms"] for r in good], [r["ar_ms"] for r in good], marker=marker, c=color,
+                    s=45, label=f"Flexible chose {choice}")
+        if bad:
+            ax1.scatter([r["ag_ms"] for r in bad], [r["ar_ms"] for r in bad], marker=marker, c=color,
+                        s=80, edgecolors="red", linewidths=2,
+                        label=f"chose {choice}, > 1.05 x best")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlim(lo, hi)
+    ax1.set_ylim(lo, hi)
+    ax1.set_xlabel("AG-Topk comm ms (measured)")
+    ax1.set_ylabel("AR-Topk comm ms (measured)")
+    ax1.set_title("per cell: below the diagonal AR is faster")
+    ax1.legend(fontsize=8)
+    x = list(range(len(rows)))
+    w = 0.27
+    ax2.bar([i - w for i in x], [r["ag_ms"] for r in rows], w, label="AG-Topk", color="tab:blue")
+    ax2.bar(x, [r["ar_ms"] for r in rows], w, label="AR-Topk", color="tab:orange")
+    ax2.bar([i + w for i in x], [r["flex_ms"] for r in rows], w, label="Flexible", color="tab:green")
+    for i, r in enumerate(rows):
+        ax2.annotate("G" if r["choice"] == "allgather" else "R", (i + w, r["flex_ms"]),
+                     ha="center", va="bottom", fontsize=7,
+                     color="black" if r["choice_is_best"] else "red")
+    ax2.set_yscale("log")
+    ax2.set_xticks(x)
+    ax2.set_xticklabels([f"N{r['N']} {r['network']} c{r['cr']:g}" for r in rows], rotation=90,
+                        fontsize=6)
+    ax2.set_ylabel("comm ms per step (median)")
+    ax2.set_title("G/R: Flexible's choice (red: not the measured-faster path)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    os.makedirs(out, exist_ok=True)
+    rows = [summarize(r) for r in records if r.get("kind") == "cell"]
+    rows.sort(key=lambda r: (r["N"], r["latency_ms"], r["rate_mbit"] or math.inf, -r["cr"]))
+    acc = acceptance(rows)
+    with open(os.path.join(out, "grid.json"), "w") as fh:
+        json.dump({"meta": meta, "acceptance": acc, "cells": rows, "records": records}, fh, indent=1)
+    with open(os.path.join(out, "grid.md"), "w") as fh:
+        fh.write(markdown(rows, acc, meta))
+    if rows:
+        plot(rows, os.path.join(out, "grid.png"),
+             f"Flexible grid ({meta.get('mode')}, {meta.get('numel')} entries)")
+    return acc
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="small grid and gradient (< 3 minutes)")
+    g.add_argument("--full", action="store_true", help="the full grid (default)")
+    ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "flexible_grid"))
+    ap.add_argument("--n", type=int, nargs="+", help="numbers of ranks (override)")
+    ap.add_argument("--latency-ms", type=float, nargs="+", help="one-way delays (override)")
+    ap.add_argument("--bandwidth", type=_rate, nargs="+",
+                    help="link rates in Mbit/s, or inf (override)")
+    ap.add_argument("--cr", type=float, nargs="+", help="compression ratios (override)")
+    ap.add_argument("--numel", type=int, help="gradient entries (override)")
+    ap.add_argument("--warmup", type=int, help="untimed steps per method and cell")
+    ap.add_argument("--steps", type=int, help="timed steps per method and cell")
+    ap.add_argument("--reuse-job", action="store_true",
+                    help="one job per N for all networks (faster; TCP state carries over, see above)")
+    ap.add_argument("--no-barrier", action="store_true",
+                    help="no untimed barrier before each step (comm_ms then includes rank skew)")
+    ap.add_argument("--timeout-s", type=float, default=3600.0, help="per horovodrun job")
+    ap.add_argument("--render", metavar="JSON", help="only re-render the tables/plot of a grid.json")
+    args = ap.parse_args(argv)
+
+    if args.render:
+        with open(args.render) as fh:
+            data = json.load(fh)
+        acc = write_outputs(args.out, data["records"], data["meta"])
+        print("\n".join(summary_lines(acc)))
+        return 0
+
+    cfg = dict(QUICK if args.quick else FULL)
+    for key, val in (("n", args.n), ("latency_ms", args.latency_ms), ("bandwidth", args.bandwidth),
+                     ("cr", args.cr), ("numel", args.numel), ("warmup", args.warmup),
+                     ("steps", args.steps)):
+        if val is not None:
+            cfg[key] = val
+    overridden = any(v is not None for v in (args.n, args.latency_ms, args.bandwidth, args.cr,
+                                              args.numel))
+    mode = ("quick" if args.quick else "full") + (" (overridden)" if overridden else "")
+    networks = [drv.network(d, b) for d in cfg["latency_ms"] for b in cfg["bandwidth"]]
+    meta = {"mode": mode, "numel": cfg["numel"], "config": cfg, "barrier": not args.no_barrier,
+            "reuse_job": args.reuse_job,
+            "started": time.strftime("%c"),
+            "job_s": {}}
+    total = len(cfg["n"]) * len(networks) * len(cfg["cr"])
+    print(f"Flexible grid ({mode}): N {cfg['n']} x {len(networks)} networks x cr {cfg['cr']} = "
+          f"{total} cells, {cfg['numel']} entries, {cfg['warmup']} warm-up + {cfg['steps']} timed "
+          f"steps per method", flush=True)
+    t_start = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    failures = []
+    plan = {"kind": "grid", "numel": cfg["numel"], "crs": cfg["cr"], "warmup": cfg["warmup"],
+            "steps": cfg["steps"], "barrier": not args.no_barrier}
+    def echo(line: str) -> None:
+        if " cell " in line or "FAIL" in line or "Error" in line:
+            print(f"  {line}  [total elapsed {time.perf_counter() - t_start:.0f} s]", flush=True)
+
+    groups = ([(n, 0, networks) for n in cfg["n"]] if args.reuse_job
+              else [(n, j, [net]) for n in cfg["n"] for j, net in enumerate(networks)])
+    done = 0
+    for n, offset, nets in groups:
+        t0 = time.perf_counter()
+        job_plan = {**plan, "cell_offset": done, "cell_total": total, "network_offset": offset}
+        label = f"N={n}" + ("" if args.reuse_job else f" {nets[0]['label']}")
+        try:
+            records += drv.run_job(n, job_plan, nets, args.timeout_s, on_line=echo)
+        except drv.JobError as exc:
+            records += exc.records
+            failures.append(f"{label}: {exc}")
+            print(f"{label}: job FAILED: {exc}", flush=True)
+        done += len(nets) * len(cfg["cr"])
+        meta["job_s"][label] = time.perf_counter() - t0
+        # other work on this machine disturbs every timing: keep the load seen after each job
+        meta.setdefault("loadavg_1_5_15", {})[label] = os.getloadavg()
+        meta["elapsed_s"] = time.perf_counter() - t_start
+        meta["failures"] = failures
+        write_outputs(args.out, records, meta)  # partial results survive a later failure
+
+    acc = write_outputs(args.out, records, meta)
+    print(f"\nwrote {args.out}/grid.json, grid.md, grid.png ({meta['elapsed_s']:.0f} s)")
+    with open(os.path.join(args.out, "grid.md")) as fh:
+        print(fh.read())
+    if failures:
+        print("FAILURES:\n" + "\n".join(failures))
+    return 1 if failures or not acc else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

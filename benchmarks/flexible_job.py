@@ -1,0 +1,227 @@
+"""The worker of the Flexible benchmarks: runs on every rank under ``horovodrun`` (see
+``flexible_driver.py``), one job for many networks.
+
+    flexible_job.py --ctl DIR
+
+``DIR/plan.json`` says what to run (written by the parent, identical for every rank):
+
+- ``{"kind": "grid", ...}``: for each network of ``networks`` (in order), wait until the parent
+  has applied it, then for each ``cr`` of ``crs`` measure AG-Topk (``AGTopk(cr)``), AR-Topk
+  (``ARTopk(cr, selector="star")``) and a freshly built ``Flexible(cr)`` (start-up calibration on
+  this network): ``warmup`` untimed steps each, then ``steps`` timed steps, interleaved (one step of
+  each method per round) so that machine noise hits every method alike. One record per cell.
+- ``{"kind": "change", ...}``: one ``Flexible`` optimizer runs ``steps`` steps; before step
+  ``s`` of ``changes`` (a list of ``[s, network index]``) rank 0 asks the parent to apply that
+  network, and every rank waits until it has. One record per step.
+
+The model is a single ``torch.nn.Parameter`` of ``numel`` float32 entries per method (no forward or
+backward pass); its ``.grad`` is refilled before every step from a small pool of pre-drawn
+standard-normal tensors (``pool`` of them, drawn once per rank from a per-rank seed), which costs a
+copy instead of a fresh ``randn`` of ~12M entries. Unless the plan says ``"barrier": false``, every
+step starts with a tiny allreduce (untimed) so that all ranks enter it together: ``comm_ms`` is
+then the step's communication, not rank 0 waiting for a rank whose top-k ran late (2 cores, N
+ranks). AR-Topk's index broadcast still includes the root's top-k selection for the other ranks
+(they have no selection of their own to do): that is part of what AR-Topk costs.
+
+Hand-shake with the parent (files in ``DIR``; the parent runs in the root namespace and applies the
+network with ``Emulator.set_link``): rank 0 writes ``ready.<i>`` and polls for ``go.<i>`` (the
+parent writes it once network ``i`` is in force), then releases the other ranks with
+``hvd.broadcast_object``. Rank 0 appends its results to ``DIR/results.jsonl`` (one JSON object per
+line) and writes ``DIR/done`` at the end; it prints progress lines starting with ``[flexible_job]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+
+import hvd_flexcomm  # noqa: E402
+
+TAG = "[flexible_job]"
+METHODS = ("ag", "ar", "flex")
+POLL_S = 0.01
+
+
+class Job:
+    def __init__(self, ctl: str, plan: dict) -> None:
+        self.ctl = ctl
+        self.plan = plan
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.numel = int(plan["numel"])
+        self.t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(1000 + self.rank)
+        self.pool = [torch.randn(self.numel, generator=gen) for _ in range(int(plan.get("pool", 2)))]
+        self.n_filled = 0
+        self.barrier_buf = torch.zeros(1)
+
+    # -- hand-shake with the parent ------------------------------------------------------------
+    def wait_for_network(self, i: int, timeout_s: float = 600.0) -> dict:
+        """Every rank returns only after the parent has put network ``i`` in force."""
+        spec = None
+        if self.rank == 0:
+            go = os.path.join(self.ctl, f"go.{i}")
+            _write(os.path.join(self.ctl, f"ready.{i}"), "{}")
+            deadline = time.monotonic() + timeout_s
+            while not os.path.exists(go):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"parent did not apply network {i} in {timeout_s} s")
+                time.sleep(POLL_S)
+            with open(go) as fh:
+                spec = json.load(fh)
+        return hvd.broadcast_object(spec, root_rank=0, name=f"flexible_job.go.{i}")
+
+    def emit(self, record: dict) -> None:
+        if self.rank == 0:
+            with open(os.path.join(self.ctl, "results.jsonl"), "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def say(self, text: str) -> None:
+        if self.rank == 0:
+            print(f"{TAG} {text} (elapsed {time.perf_counter() - self.t0:.0f} s)", flush=True)
+
+    # -- one optimizer, one step ---------------------------------------------------------------
+    def make(self, mode) -> tuple:
+        param = torch.nn.Parameter(torch.zeros(self.numel))
+        base = torch.optim.SGD([param], lr=1e-3)
+        opt = hvd_flexcomm.DistributedOptimizer(base, named_parameters=[("w", param)],
+                                                compression=mode)
+        return param, opt
+
+    def barrier(self) -> None:
+        hvd.allreduce_(self.barrier_buf, op=hvd.Sum, name="flexible_job.barrier")
+
+    def step(self, param, opt) -> dict:
+        """One synchronized step on fresh gradient values; rank 0's ``last_stats`` + wall ms."""
+        if param.grad is None:
+            param.grad = torch.empty_like(param)
+        param.grad.copy_(self.pool[self.n_filled % len(self.pool)])
+        self.n_filled += 1
+        if self.plan.get("barrier", True):
+            self.barrier()  # every rank enters the step together: times are the step's own
+        t0 = time.perf_counter()
+        opt.step()
+        wall = 1e3 * (time.perf_counter() - t0)
+        st = dict(opt.last_stats)
+        out = {"collective": st.get("collective"), "comm_ms": st.get("comm_ms"),
+               "compress_ms": st.get("compress_ms"), "wall_ms": wall, "k": st.get("k"),
+               "bytes_sent": st.get("bytes_sent"), "skipped": st.get("skipped")}
+        if "predicted_ms" in st:
+            out["predicted_ms"] = st["predicted_ms"]
+            out["probe_ms"] = st.get("probe_ms", 0.0)
+        return out
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _flexible(plan: dict, cr: float) -> hvd_flexcomm.Flexible:
+    return hvd_flexcomm.Flexible(cr=cr, **plan.get("flex_options", {}))
+
+
+def run_grid(job: Job) -> None:
+    plan = job.plan
+    crs = [float(c) for c in plan["crs"]]
+    networks = plan["networks"]
+    warmup, steps = int(plan["warmup"]), int(plan["steps"])
+    fixed = {}
+    for cr in crs:  # AG/AR optimizers persist across networks (they have no network state)
+        fixed[("ag", cr)] = job.make(hvd_flexcomm.AGTopk(cr=cr))
+        fixed[("ar", cr)] = job.make(hvd_flexcomm.ARTopk(cr=cr, selector="star"))
+    total = int(plan.get("cell_total", len(networks) * len(crs)))
+    done = int(plan.get("cell_offset", 0))
+    for i, _ in enumerate(networks):
+        net = job.wait_for_network(i)
+        for cr in crs:
+            t_cell = time.perf_counter()
+            setups = {"ag": fixed[("ag", cr)], "ar": fixed[("ar", cr)],
+                      "flex": job.make(_flexible(plan, cr))}
+            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in METHODS}
+            timed: dict = {m: [] for m in METHODS}
+            for r in range(steps):
+                order = METHODS if r % 2 == 0 else METHODS[::-1]
+                for m in order:
+                    timed[m].append(job.step(*setups[m]))
+            flex_opt = setups["flex"][1]
+            ctrl = getattr(flex_opt, "_flex_controller", None)
+            record = {
+                "kind": "cell", "network_index": i + int(plan.get("network_offset", 0)),
+                "network": net, "N": job.size, "cr": cr,
+                "numel": job.numel, "warmup": warm, "timed": timed,
+                "flex_switches": getattr(ctrl, "n_switches", None),
+                "flex_full_probes": getattr(ctrl, "n_full_probes", None),
+                "cell_s": time.perf_counter() - t_cell,
+            }
+            job.emit(record)
+            del setups, flex_opt, ctrl
+            gc.collect()
+            done += 1
+            ag = statistics.median(s["comm_ms"] for s in timed["ag"])
+            ar = statistics.median(s["comm_ms"] for s in timed["ar"])
+            fl = statistics.median(s["comm_ms"] for s in timed["flex"])
+            job.say(f"cell {done}/{total}: N={job.size} {net.get('label')} cr={cr:g}: AG {ag:.1f} ms, "
+                    f"AR {ar:.1f} ms, Flexible {fl:.1f} ms ({timed['flex'][-1]['collective']})")
+
+
+def run_change(job: Job) -> None:
+    plan = job.plan
+    cr = float(plan["cr"])
+    steps = int(plan["steps"])
+    changes = {int(s): int(i) for s, i in plan["changes"]}
+    param, opt = job.make(_flexible(plan, cr))
+    net = None
+    for s in range(steps):
+        if s in changes:
+            net = job.wait_for_network(changes[s])
+            job.say(f"step {s}: network {net.get('label')} in force")
+        rec = job.step(param, opt)
+        rec.update({"kind": "step", "step": s, "network": net})
+        job.emit(rec)
+        if job.rank == 0 and (s % 10 == 0 or s == steps - 1):
+            pred = rec.get("predicted_ms") or {}
+            ag, ar = pred.get("allgather", float("nan")), pred.get("allreduce", float("nan"))
+            job.say(f"step {s + 1}/{steps}: {rec['collective']} {rec['comm_ms']:.1f} ms "
+                    f"(predicted AG {ag:.1f}, AR {ar:.1f})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ctl", required=True, help="control directory shared with the parent")
+    args = ap.parse_args()
+    with open(os.path.join(args.ctl, "plan.json")) as fh:
+        plan = json.load(fh)
+    torch.set_num_threads(1)
+    hvd.init()
+    job = Job(args.ctl, plan)
+    job.say(f"{job.size} ranks, {job.numel} elements, plan {plan['kind']}")
+    if plan["kind"] == "grid":
+        run_grid(job)
+    elif plan["kind"] == "change":
+        run_change(job)
+    else:
+        raise ValueError(f"unknown plan kind {plan['kind']!r}")
+    job.barrier()
+    if job.rank == 0:
+        _write(os.path.join(args.ctl, "done"), "{}")
+    job.say("done")
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
