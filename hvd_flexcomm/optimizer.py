@@ -395,6 +395,14 @@ class _FlexMethods(torch.optim.Optimizer):
         _DistributedOptimizer.load_state_dict(self, state_dict)
 
 
+def _op_name(hvd: Any, op: Any) -> str:
+    """``op`` as a person would write it (Horovod's ops are plain ints: Adasum is 2)."""
+    for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):
+        if getattr(hvd, name, object()) == op and not isinstance(op, bool):
+            return f"hvd.{name}"
+    return repr(op)
+
+
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
     named_parameters: Optional[Iterable[tuple[str, torch.nn.Parameter]]] = None,
@@ -452,7 +460,8 @@ def DistributedOptimizer(
             groups = num_groups
     if isinstance(mode, TopkCompression):
         if op not in (hvd.Average, hvd.Sum):
-            raise ValueError(f"top-k compression supports op=hvd.Average or hvd.Sum, got {op!r}")
+            raise ValueError("top-k compression supports op=hvd.Average or hvd.Sum, got "
+                             f"op={_op_name(hvd, op)}")
         if groups is not None:
             raise ValueError("groups is only supported with Dense(); top-k modes group "
                              "parameters themselves (granularity='model' or 'bucket')")

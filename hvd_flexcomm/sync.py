@@ -239,6 +239,17 @@ def advance(pending: Pending) -> None:
                                           **_collective_kwargs(cfg))
 
 
+def _field(rows: torch.Tensor, first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes ``first:end`` of every gathered row, reinterpreted as ``dtype``.
+
+    The slice is copied into fresh, densely packed storage first: a byte offset or row length
+    need not be a multiple of ``dtype``'s size (odd k with float64, float16 values before int32
+    indices), and with one row the slice is already "contiguous", so ``.contiguous()`` would
+    not copy it.
+    """
+    return rows[:, first:end].clone(memory_format=torch.contiguous_format).view(dtype)
+
+
 def finish(pending: Pending) -> MessageOutcome:
     """Wait for the last collective, aggregate into a dense result, commit the residual.
 
@@ -270,9 +281,10 @@ def finish(pending: Pending) -> MessageOutcome:
     elif cfg.path == "allgather":
         rows = output.view(size, -1)
         value_bytes = k * msg.residual.element_size()
-        extras = rows[:, :8 * _EXTRA_AG].contiguous().view(_F64)
-        values = rows[:, 8 * _EXTRA_AG:8 * _EXTRA_AG + value_bytes].contiguous().view(msg.dtype)
-        indices = rows[:, 8 * _EXTRA_AG + value_bytes:].contiguous().view(torch.int32)
+        start = 8 * _EXTRA_AG
+        extras = _field(rows, 0, start, _F64)
+        values = _field(rows, start, start + value_bytes, msg.dtype)
+        indices = _field(rows, start + value_bytes, rows.shape[1], torch.int32)
         flags = extras[:, 2]
         outcome.control = extras[0, 4:].tolist()
         hashes = extras[:, 3]

@@ -362,7 +362,11 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
                                             named_parameters=model.named_parameters(),
                                             compression=mode)
     crs, paths, step_end = [], [], []
-    for step in range(steps):
+    ctrl = opt._flex_adaptive
+    step = 0
+    # a fixed number of steps, then on until the solver's CR is announced (a busy machine may
+    # need longer); ``ctrl.changes`` is the same list on every rank, so every rank stops together
+    while step < steps or (not ctrl.changes and step < 40 * steps):
         x, y = _batch(step, hvd.rank(), n=64)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -370,7 +374,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
         crs.append(opt.last_stats["cr"])
         paths.append(opt.last_stats["collective"])
         step_end.append(time.perf_counter())
-    ctrl = opt._flex_adaptive
+        step += 1
     everyone = hvd.allgather(torch.tensor([crs], dtype=torch.float64), name="adaptive.crs")
     solves = [dict(s) for s in ctrl.solves if s["end"] is not None]  # finished ones
     steps_during = [sum(1 for t in step_end if s["start"] < t < s["end"]) for s in solves]

@@ -607,31 +607,15 @@ def test_sync_odd_and_even_k_on_two_ranks(path, dtype, k):
     _simulate(2, path, "star", dtype, [(2, 5)], k / 10, "normal", steps=3, seed=k)
 
 
-def _single_rank_ag_fails(dtype: torch.dtype, k: int) -> bool:
-    """The AG rows (one per rank) are sliced column-wise and viewed as float64 / dtype / int32;
-    with ONE rank the slice is already "contiguous", so ``.contiguous()`` does not copy and
-    ``.view`` needs the byte offset and row stride to be multiples of the element size."""
-    size = torch.empty(0, dtype=dtype).element_size()
-    row = _HEAD + k * (size + 4)
-    return row % 8 != 0 or (_HEAD + k * size) % 4 != 0
-
-
 _SINGLE_RANK_CASES = [(dt, k) for dt in DTYPES for k in (1, 2, 3, 4, 5)]
 
 
-_SINGLE_RANK_BUG = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="BUG sync.finish (AG path) with size 1: rows[:, a:b].contiguous() does not copy a "
-           "single row, so .view(float64/dtype/int32) fails on a misaligned offset/stride")
-
-
 @pytest.mark.parametrize("dtype,k", [
-    pytest.param(dt, k, id=f"{str(dt).split('.')[-1]}-k{k}",
-                 marks=[_SINGLE_RANK_BUG] if _single_rank_ag_fails(dt, k) else [])
-    for dt, k in _SINGLE_RANK_CASES])
+    pytest.param(dt, k, id=f"{str(dt).split('.')[-1]}-k{k}") for dt, k in _SINGLE_RANK_CASES])
 def test_sync_allgather_on_a_single_rank(dtype, k):
     """AG-Topk with one rank (a one-process run, or a process set of one) for every dtype and k.
-    Fails today for float16 / bfloat16 unless k % 4 == 0 and for float64 with odd k."""
+    The byte fields of a row need not be aligned to their dtype (odd k with float64, float16
+    values before int32 indices): the gather must copy before reinterpreting."""
     _simulate(1, "allgather", "star", dtype, [(k * 10,)], 0.1, "normal", steps=2, seed=k)
 
 

@@ -53,7 +53,8 @@ def emu():
 @pytest.mark.timeout(10)
 def test_linkspec_validates_and_converts_units():
     spec = LinkSpec(delay_ms=5.0, rate_mbit=100.0, queue_ms=50.0)
-    assert spec.to_message() == {"delay_s": 0.005, "rate_bps": 100e6, "queue_s": 0.05}
+    assert spec.to_message() == {"delay_s": 0.005, "rate_bps": 100e6, "queue_s": 0.05,
+                                 "loss": 0.0, "jitter_s": 0.0}
     assert LinkSpec().to_message()["rate_bps"] is None
     for bad in ({"delay_ms": -1.0}, {"rate_mbit": 0.0}, {"queue_ms": 0.0}):
         with pytest.raises(ValueError):

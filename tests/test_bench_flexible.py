@@ -1,0 +1,81 @@
+"""End-to-end run of the Flexible acceptance grid's ``--quick`` mode on the network emulator.
+
+Needs root (network namespaces), iproute2, ``/dev/net/tun`` and Horovod; skips otherwise. Checks
+only that the benchmark ran and wrote sane results: performance is reported by the benchmark, not
+asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvd_flexcomm.netem import launch, namespaces
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRID = os.path.join(REPO, "benchmarks", "bench_flexible_grid.py")
+PATHS = ("allgather", "allreduce")
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    reason = namespaces.require_root_and_iproute()
+    if reason is not None:
+        return f"emulator {reason}"
+    if not os.path.exists(os.path.join(launch.venv_bin(), "horovodrun")):
+        return f"no horovodrun in {launch.venv_bin()}"
+    try:
+        import horovod.torch  # noqa: F401
+    except Exception as exc:  # a broken build raises more than ImportError
+        return f"horovod.torch does not import: {exc}"
+    return None
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.timeout(240)
+def test_grid_quick_runs_end_to_end(tmp_path):
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "grid"
+    # --reuse-job: one horovodrun launch for the four cells (launches are the slow part on a busy
+    # 2-core machine); the cells and the outputs are the same as with one job per network.
+    proc = subprocess.run([sys.executable, GRID, "--quick", "--reuse-job", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=225, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    for name in ("grid.json", "grid.md", "grid.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+
+    data = json.loads((out / "grid.json").read_text())
+    cells = data["cells"]
+    expected = {(2, lat, rate, 0.01) for lat in (0.1, 10.0) for rate in (100.0, None)}
+    got = {(c["N"], c["latency_ms"], c["rate_mbit"], c["cr"]) for c in cells}
+    assert got == expected and len(cells) == len(expected), sorted(got, key=str)
+    for c in cells:
+        assert c["choice"] in PATHS, c
+        assert set(c["choices"]) <= set(PATHS), c
+        for key in ("ag_ms", "ar_ms", "flex_ms", "pred_ag_ms", "pred_ar_ms", "wall_ag_ms",
+                    "wall_ar_ms", "wall_flex_ms"):
+            assert _positive(c[key]), (key, c)
+    for rec in data["records"]:
+        for method, coll in (("ag", ("allgather",)), ("ar", ("allreduce",)), ("flex", PATHS)):
+            for s in rec["warmup"][method] + rec["timed"][method]:
+                assert s["collective"] in coll, (method, s)
+                assert _positive(s["comm_ms"]) and _positive(s["wall_ms"]), (method, s)
+                if method == "flex":
+                    assert all(_positive(v) for v in s["predicted_ms"].values()), s
+    acc = data["acceptance"]
+    assert acc["cells"] == len(expected)
+    assert 0.0 <= acc["flex_within_5pct_share"] <= 1.0
+    assert "Acceptance" in (out / "grid.md").read_text()
