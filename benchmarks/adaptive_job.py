@@ -31,9 +31,7 @@ start with ``[adaptive_job]``.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -48,6 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import hvd_flexcomm  # noqa: E402
+from benchmarks.jobctl import append_record, job_plan, mark_done  # noqa: E402
 from hvd_flexcomm.data import load_fashion_mnist, shard  # noqa: E402
 from hvd_flexcomm.models import MLP, LeNet5, count_parameters  # noqa: E402
 
@@ -99,8 +98,7 @@ class Job:
 
     def emit(self, record: dict) -> None:
         if self.rank == 0:
-            with open(os.path.join(self.ctl, "results.jsonl"), "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            append_record(self.ctl, record)
 
     def evaluate(self, model: torch.nn.Module, stop: bool, name: str) -> tuple[float, bool]:
         """Test accuracy (fraction, all 10 000 images) and rank 0's stop flag, on every rank."""
@@ -217,14 +215,10 @@ def _r(v: Any) -> Any:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ctl", required=True, help="control directory shared with the parent")
-    args = ap.parse_args()
-    with open(os.path.join(args.ctl, "plan.json")) as fh:
-        plan = json.load(fh)
+    ctl, plan = job_plan(__doc__.splitlines()[0])
     torch.set_num_threads(1)
     hvd.init()
-    job = Job(args.ctl, plan)
+    job = Job(ctl, plan)
     params = count_parameters(build_model(plan["model"]))
     job.say(f"{job.size} ranks, model {plan['model']} ({params} parameters), "
             f"{len(plan['methods'])} methods")
@@ -245,9 +239,7 @@ def main() -> int:
         job.run_method(i, method, max_steps, time_budget, target)
     hvd.allreduce(torch.zeros(1), name="adaptive_job.end")
     if job.rank == 0:
-        with open(os.path.join(args.ctl, "done.tmp"), "w") as fh:
-            fh.write("{}")
-        os.replace(os.path.join(args.ctl, "done.tmp"), os.path.join(args.ctl, "done"))
+        mark_done(ctl)
     job.say("done")
     hvd.shutdown()
     return 0

@@ -71,6 +71,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchmarks.jobctl import job_env, read_records, tail  # noqa: E402
+
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adaptive_job.py")
 TAG = "[adaptive_job]"
 
@@ -123,22 +125,6 @@ def adaptive_defaults() -> dict[str, Any]:
 # -- running the job ------------------------------------------------------------------------------
 
 
-def job_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("HOROVOD_LOG_LEVEL", "warning")
-    return env
-
-
-def read_records(ctl: str) -> list[dict[str, Any]]:
-    path = os.path.join(ctl, "results.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str, Any],
             timeout_s: float, log_path: str, check_link: bool) -> tuple[list[dict], dict, Optional[str]]:
     """Run ``adaptive_job.py`` on ``n`` emulated hosts; (records, link check, error or None)."""
@@ -173,14 +159,6 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
         shutil.rmtree(ctl, ignore_errors=True)
 
 
-def _tail(path: str, n: int = 4000) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()[-n:]
-    except OSError:
-        return ""
-
-
 def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float) -> Optional[str]:
     """Echo rank 0's progress lines until the job ends; an error text if it failed."""
     deadline = time.monotonic() + timeout_s
@@ -197,10 +175,10 @@ def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float) -
         rc = proc.poll()
         if rc is not None:
             if rc != 0 or not os.path.exists(os.path.join(ctl, "done")):
-                return f"job failed (rc {rc}); output tail:\n{_tail(log_path)}"
+                return f"job failed (rc {rc}); output tail:\n{tail(log_path)}"
             return None
         if time.monotonic() > deadline:
-            return f"job timed out after {timeout_s:.0f} s; output tail:\n{_tail(log_path)}"
+            return f"job timed out after {timeout_s:.0f} s; output tail:\n{tail(log_path)}"
         time.sleep(0.2)
 
 

@@ -537,10 +537,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if args.render:
-        with open(args.render) as fh:
-            result = json.load(fh)
-        render(result, os.path.dirname(os.path.abspath(args.render)))
-        return 0
+        return launch.rerender(args.render, render)
     if args.sweep or args.quick:
         return sweep(args)
     return worker(args)

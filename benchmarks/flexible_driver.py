@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchmarks.jobctl import job_env, read_records, tail, write_atomic  # noqa: E402
 from hvd_flexcomm.netem import Emulator, LinkSpec  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flexible_job.py")
@@ -44,28 +45,12 @@ def link_of(net: dict[str, Any]) -> LinkSpec:
     return LinkSpec(delay_ms=net["delay_ms"], rate_mbit=net["rate_mbit"])
 
 
-def job_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("HOROVOD_LOG_LEVEL", "warning")
-    return env
-
-
 class JobError(RuntimeError):
     """The job failed or timed out; ``records`` holds what rank 0 had written until then."""
 
     def __init__(self, message: str, records: list[dict[str, Any]]) -> None:
         super().__init__(message)
         self.records = records
-
-
-def _read_records(ctl: str) -> list[dict[str, Any]]:
-    path = os.path.join(ctl, "results.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def run_job(n: int, plan: dict[str, Any], networks: Sequence[dict[str, Any]], timeout_s: float,
@@ -93,10 +78,10 @@ def run_job(n: int, plan: dict[str, Any], networks: Sequence[dict[str, Any]], ti
             try:
                 _play(emu, proc, ctl, networks, timeout_s, log_file, on_line, on_network)
             except RuntimeError as exc:
-                raise JobError(str(exc), _read_records(ctl)) from None
+                raise JobError(str(exc), read_records(ctl)) from None
             finally:
                 _stop(proc)
-        return _read_records(ctl)
+        return read_records(ctl)
     finally:
         shutil.rmtree(ctl, ignore_errors=True)
 
@@ -113,14 +98,6 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
     except ProcessLookupError:
         proc.wait()
-
-
-def _tail(path: str, n: int = 4000) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()[-n:]
-    except OSError:
-        return ""
 
 
 def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[dict[str, Any]],
@@ -142,18 +119,17 @@ def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[di
         rc = proc.poll()
         if rc is not None:
             if rc != 0 or not os.path.exists(os.path.join(ctl, "done")):
-                raise RuntimeError(f"job failed (rc {rc}); output tail:\n{_tail(log_file)}")
+                raise RuntimeError(f"job failed (rc {rc}); output tail:\n{tail(log_file)}")
             break
         if nxt < len(networks) and os.path.exists(os.path.join(ctl, f"ready.{nxt}")):
             net = networks[nxt]
             emu.set_link(link_of(net))
             if on_network is not None:
                 on_network(nxt, net)
-            with open(os.path.join(ctl, f"go.{nxt}.tmp"), "w") as fh:
-                json.dump({**net, "index": nxt, "applied_s": time.time()}, fh)
-            os.replace(os.path.join(ctl, f"go.{nxt}.tmp"), os.path.join(ctl, f"go.{nxt}"))
+            write_atomic(os.path.join(ctl, f"go.{nxt}"),
+                         json.dumps({**net, "index": nxt, "applied_s": time.time()}))
             nxt += 1
             continue
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job timed out after {timeout_s:.0f} s; output tail:\n{_tail(log_file)}")
+            raise RuntimeError(f"job timed out after {timeout_s:.0f} s; output tail:\n{tail(log_file)}")
         time.sleep(0.02)

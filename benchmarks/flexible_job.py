@@ -32,7 +32,6 @@ line) and writes ``DIR/done`` at the end; it prints progress lines starting with
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -48,6 +47,7 @@ import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
 import hvd_flexcomm  # noqa: E402
+from benchmarks.jobctl import append_record, job_plan, mark_done, write_atomic  # noqa: E402
 
 TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
@@ -72,7 +72,7 @@ class Job:
         spec = None
         if self.rank == 0:
             go = os.path.join(self.ctl, f"go.{i}")
-            _write(os.path.join(self.ctl, f"ready.{i}"), "{}")
+            write_atomic(os.path.join(self.ctl, f"ready.{i}"), "{}")
             deadline = time.monotonic() + timeout_s
             while not os.path.exists(go):
                 if time.monotonic() > deadline:
@@ -84,8 +84,7 @@ class Job:
 
     def emit(self, record: dict) -> None:
         if self.rank == 0:
-            with open(os.path.join(self.ctl, "results.jsonl"), "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            append_record(self.ctl, record)
 
     def say(self, text: str) -> None:
         if self.rank == 0:
@@ -121,13 +120,6 @@ class Job:
             out["predicted_ms"] = st["predicted_ms"]
             out["probe_ms"] = st.get("probe_ms", 0.0)
         return out
-
-
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def _flexible(plan: dict, cr: float) -> hvd_flexcomm.Flexible:
@@ -200,14 +192,10 @@ def run_change(job: Job) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ctl", required=True, help="control directory shared with the parent")
-    args = ap.parse_args()
-    with open(os.path.join(args.ctl, "plan.json")) as fh:
-        plan = json.load(fh)
+    ctl, plan = job_plan(__doc__.splitlines()[0])
     torch.set_num_threads(1)
     hvd.init()
-    job = Job(args.ctl, plan)
+    job = Job(ctl, plan)
     job.say(f"{job.size} ranks, {job.numel} elements, plan {plan['kind']}")
     if plan["kind"] == "grid":
         run_grid(job)
@@ -217,7 +205,7 @@ def main() -> int:
         raise ValueError(f"unknown plan kind {plan['kind']!r}")
     job.barrier()
     if job.rank == 0:
-        _write(os.path.join(args.ctl, "done"), "{}")
+        mark_done(ctl)
     job.say("done")
     hvd.shutdown()
     return 0

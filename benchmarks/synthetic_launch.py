@@ -10,6 +10,7 @@ to a log file as well.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,8 @@ from typing import Any, Callable, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from benchmarks.jobctl import job_env  # noqa: E402
 
 VENV_BIN = os.path.dirname(os.path.abspath(sys.executable))
 
@@ -54,15 +57,6 @@ def parse_network(text: str, delay_ms: float) -> dict[str, Any]:
     if t.endswith("mbit"):
         t = t[:-4]
     return emulated(float(t), delay_ms)
-
-
-def job_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PATH"] = os.pathsep.join([VENV_BIN, env.get("PATH", "/usr/bin:/bin")])
-    env.setdefault("HOROVOD_LOG_LEVEL", "warning")
-    return env
 
 
 def loadavg() -> list[float]:
@@ -168,7 +162,7 @@ class NetworkRunner:
     def argv_env(self, net: dict[str, Any], script_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         """Command line and environment of one job of ``script_argv`` on ``net`` (applies it)."""
         if net["kind"] == "loopback":
-            return horovodrun_loopback_argv(self.n, script_argv), job_env()
+            return horovodrun_loopback_argv(self.n, script_argv), job_env(VENV_BIN)
         from hvd_flexcomm.netem import Emulator, LinkSpec
 
         spec = LinkSpec(delay_ms=net["delay_ms"], rate_mbit=net["rate_mbit"])
@@ -177,4 +171,12 @@ class NetworkRunner:
         else:
             self.emu.set_link(spec)
         argv = self.emu.horovodrun_argv(self.n, list(script_argv), start_timeout_s=120)
-        return argv, {**job_env(), **self.emu.env()}
+        return argv, {**job_env(VENV_BIN), **self.emu.env()}
+
+
+def rerender(json_path: str, render: Any) -> int:
+    """``--render``: load a saved result and write its summary and plots again, next to it."""
+    with open(json_path) as fh:
+        result = json.load(fh)
+    render(result, os.path.dirname(os.path.abspath(json_path)))
+    return 0

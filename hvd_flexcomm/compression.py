@@ -165,17 +165,21 @@ class Flexible(TopkCompression):
                              f"one message per step), got {self.granularity!r}")
         _check_fraction("hysteresis", self.hysteresis, allow_zero=True)
         _check_fraction("drift_threshold", self.drift_threshold, allow_zero=False)
-        for name in ("drift_patience", "probe_repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        value = self.reprobe_interval
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"reprobe_interval must be an integer >= 0, got {value!r}")
+        _check_ints(self, ("drift_patience", "probe_repeats"), minimum=1)
+        _check_ints(self, ("reprobe_interval",), minimum=0)
 
     def describe(self) -> str:
         return (f"Flexible(cr={self.cr:g}, selector={self.selector!r}, "
                 f"hysteresis={self.hysteresis:g})")
+
+
+def _check_ints(settings: Any, names: tuple, minimum: int) -> None:
+    """Each named field of ``settings`` must be an int (not a bool) >= ``minimum``."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
@@ -236,14 +240,8 @@ class Adaptive(Flexible):
                 or not all(isinstance(x, (int, float)) and x > 0 and math.isfinite(x) for x in w)):
             raise ValueError(f"weights must be two positive numbers (time, gain), got {w!r}")
         object.__setattr__(self, "weights", (float(w[0]), float(w[1])))
-        for name in ("gain_every", "sync_every", "pop_size", "n_gen"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "min_interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        _check_ints(self, ("gain_every", "sync_every", "pop_size", "n_gen"), minimum=1)
+        _check_ints(self, ("warmup_steps", "min_interval"), minimum=0)
         _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
         if not 0 < self.gain_smoothing <= 1:
             raise ValueError(f"gain_smoothing must be in (0, 1], got {self.gain_smoothing!r}")

@@ -29,6 +29,7 @@ Every cost function returns **seconds** and is non-negative and monotone non-dec
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 __all__ = [
@@ -146,6 +147,18 @@ def ag_topk_s(
     return allgather_s(alpha_s, beta_s_per_byte, n, v_bytes + i_bytes)
 
 
+def _ar_topk_s(allreduce_s: Callable[[float, float, int, float], float], alpha_s: float,
+               beta_s_per_byte: float, n: int, model_bytes: float, cr: float, value_bytes: float,
+               index_bytes: float) -> float:
+    """AR-Topk in seconds: broadcast of the root's ``k`` indices + ``allreduce_s`` of ``k``
+    values (the ring or the tree form)."""
+    _check_common(alpha_s, beta_s_per_byte, n)
+    _check_sparse(model_bytes, cr, value_bytes, index_bytes)
+    v_bytes, i_bytes = _kept_bytes(model_bytes, cr, value_bytes, index_bytes)
+    return broadcast_s(alpha_s, beta_s_per_byte, n, i_bytes) + allreduce_s(
+        alpha_s, beta_s_per_byte, n, v_bytes)
+
+
 def ar_topk_ring_s(
     alpha_s: float,
     beta_s_per_byte: float,
@@ -160,12 +173,8 @@ def ar_topk_ring_s(
     Seconds. With 4-byte values and indices this is
     ``α[2(N-1) + log N] + Mcβ[2(N-1)/N + log N]``.
     """
-    _check_common(alpha_s, beta_s_per_byte, n)
-    _check_sparse(model_bytes, cr, value_bytes, index_bytes)
-    v_bytes, i_bytes = _kept_bytes(model_bytes, cr, value_bytes, index_bytes)
-    return broadcast_s(alpha_s, beta_s_per_byte, n, i_bytes) + dense_ring_allreduce_s(
-        alpha_s, beta_s_per_byte, n, v_bytes
-    )
+    return _ar_topk_s(dense_ring_allreduce_s, alpha_s, beta_s_per_byte, n, model_bytes, cr,
+                      value_bytes, index_bytes)
 
 
 def ar_topk_tree_s(
@@ -181,12 +190,8 @@ def ar_topk_tree_s(
 
     With 4-byte values and indices this is ``3α·log N + 3Mcβ·log N``.
     """
-    _check_common(alpha_s, beta_s_per_byte, n)
-    _check_sparse(model_bytes, cr, value_bytes, index_bytes)
-    v_bytes, i_bytes = _kept_bytes(model_bytes, cr, value_bytes, index_bytes)
-    return broadcast_s(alpha_s, beta_s_per_byte, n, i_bytes) + dense_tree_allreduce_s(
-        alpha_s, beta_s_per_byte, n, v_bytes
-    )
+    return _ar_topk_s(dense_tree_allreduce_s, alpha_s, beta_s_per_byte, n, model_bytes, cr,
+                      value_bytes, index_bytes)
 
 
 def sparse_costs_s(

@@ -22,11 +22,11 @@ from typing import Any, Optional
 
 from .calibration import CollectiveCostModel, DriftDetector
 from .compression import Flexible
-from .routing import Router
+from .routing import PATHS, Router
 from .sync import CONTROL_SLOTS
 from .topk import k_for
 
-__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES"]
+__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES", "BROADCAST_NOT_TIMED"]
 
 log = logging.getLogger("hvd_flexcomm.flexible")
 
@@ -34,6 +34,9 @@ log = logging.getLogger("hvd_flexcomm.flexible")
 # first-collective ms, second-collective ms, VAR allgather ms] of rank 0's previous step.
 PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
 _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
+#: Sent in place of the first-collective ms when rank 0's index broadcast time is not a network
+#: time: under STAR a rank that is not the root waits in the broadcast while the root selects.
+BROADCAST_NOT_TIMED = -1.0
 
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends size + 3 + CONTROL_SLOTS values to the k values it allreduces.
@@ -43,15 +46,19 @@ AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
 class FlexibleController:
     """Calibrated cost model + router + drift detector for one message of ``numel`` elements.
 
-    ``value_bytes``: bytes per gradient element (4 for float32). State that matters for resuming
-    (the fits, the current path) is in :meth:`to_dict`.
+    ``value_bytes``: bytes per gradient element (4 for float32); ``reduce_value_bytes``: the same
+    in the AR-Topk value allreduce, where it differs (bfloat16 is summed as float32). State that
+    matters for resuming (the fits, the current path) is in :meth:`to_dict`.
     """
 
-    def __init__(self, mode: Flexible, world_size: int, numel: int, value_bytes: int = 4) -> None:
+    def __init__(self, mode: Flexible, world_size: int, numel: int, value_bytes: int = 4,
+                 reduce_value_bytes: Optional[int] = None) -> None:
         self.mode = mode
         self.world_size = world_size
         self.numel = numel
         self.value_bytes = value_bytes
+        #: bytes per value in the AR-Topk allreduce (bfloat16 is reduced as float32)
+        self.reduce_value_bytes = reduce_value_bytes or value_bytes
         self.model = CollectiveCostModel(world_size)
         self.router = Router(mode.hysteresis)
         self.drift = DriftDetector(mode.drift_threshold, mode.drift_patience)
@@ -62,9 +69,14 @@ class FlexibleController:
         self.probe_ms_total = 0.0
         self.n_full_probes = 0
         self.n_switches = 0
-        #: CRs whose k range the full probe must span besides the current CR (Flexible: k/8 .. k;
-        #: Adaptive sets its candidates).
+        #: CRs whose k range the full probe spans (Flexible: none, the probe spans k/8 .. k of the
+        #: current CR; Adaptive sets its candidates, and a warm-up CR above them is not probed).
         self.probe_crs: tuple = ()
+        #: Steps before this one may go dense (Adaptive's warm-up, where high CRs cost more
+        #: through a sparse path than a dense allreduce): full probes then also time the dense
+        #: allreduce, and :meth:`decide` takes it when it is cheaper.
+        self.dense_until_step = 0
+        self.dense_ms: Optional[float] = None  # measured dense allreduce (ms), from the probe
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -72,7 +84,7 @@ class FlexibleController:
         use; it matches what ``sync.py`` sends)."""
         vb, n = self.value_bytes, self.world_size
         return {"allgather": (vb + 4) * k + AG_EXTRA_BYTES, "broadcast": 4 * k,
-                "allreduce": vb * (k + n + 3 + CONTROL_SLOTS)}
+                "allreduce": self.reduce_value_bytes * (k + n + 3 + CONTROL_SLOTS)}
 
     def predict(self, cr: float) -> dict[str, float]:
         """Predicted ms of each path at compression ratio ``cr`` from the calibrated fits."""
@@ -94,13 +106,19 @@ class FlexibleController:
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
-            span = [k_for(c, self.numel) for c in self.probe_crs] + [k, max(1, k // 8)]
+            if self.probe_crs:
+                span = [k_for(c, self.numel) for c in self.probe_crs]
+                span += [k] if cr <= max(self.probe_crs) else []
+            else:
+                span = [k, max(1, k // 8)]
             k_lo, k_hi = min(span), max(span)
             ks = sorted({k_lo, max(1, int(round(math.sqrt(k_lo * k_hi)))), k_hi})
             plan = [(kind, self.payload_bytes(kk)[kind]) for kind in ("allgather", "broadcast",
                                                                        "allreduce") for kk in ks]
             if self.mode.selector == "var":
                 plan.append(("allgather", 8))
+            if step < self.dense_until_step:
+                plan.append(("dense", self.reduce_value_bytes * self.numel))
             return plan, self.mode.probe_repeats, True
         interval = self.mode.reprobe_interval
         if interval and self.path and step - self.last_probe_step >= interval:
@@ -111,6 +129,10 @@ class FlexibleController:
     def after_probe(self, step: int, results: list[tuple[str, int, float]], full: bool,
                     spent_ms: float) -> None:
         """Feed probe results (identical on every rank); a full probe starts the fits afresh."""
+        dense = sorted(ms for kind, _, ms in results if kind == "dense")
+        if dense:
+            self.dense_ms = dense[len(dense) // 2]
+        results = [r for r in results if r[0] != "dense"]
         kinds = {kind for kind, _, _ in results}
         for kind in kinds:
             if full:
@@ -130,17 +152,26 @@ class FlexibleController:
 
     # -- steps -----------------------------------------------------------------------------------
     def decide(self, step: int, cr: float) -> str:
-        """Choose (and remember) the path of ``step``."""
+        """Choose (and remember) the path of ``step``: the cheaper sparse path (with hysteresis),
+        or ``"dense"`` before ``dense_until_step`` when the measured dense allreduce beats it by
+        more than the hysteresis."""
         self.predicted_ms = self.predict(cr)
         decision = self.router.decide(step, self.predicted_ms["allgather"],
                                       self.predicted_ms["allreduce"])
-        if decision.switched:
-            self.n_switches += 1
-            log.info("hvd_flexcomm: step %d: switching to %s (predicted allgather %.2f ms, "
-                     "allreduce %.2f ms)", step, decision.path, self.predicted_ms["allgather"],
-                     self.predicted_ms["allreduce"])
-        self.path = decision.path
-        return decision.path
+        path = decision.path
+        if step < self.dense_until_step and self.dense_ms is not None:
+            self.predicted_ms["dense"] = self.dense_ms
+            if self.dense_ms < (1.0 - self.mode.hysteresis) * self.predicted_ms[path]:
+                path = "dense"
+        if path != self.path and (decision.switched or "dense" in (path, self.path)):
+            if self.path is not None:
+                self.n_switches += 1
+            log.info("hvd_flexcomm: step %d: switching to %s at cr %g (predicted allgather %.2f "
+                     "ms, allreduce %.2f ms, dense %s)", step, path, cr,
+                     self.predicted_ms["allgather"], self.predicted_ms["allreduce"],
+                     f"{self.dense_ms:.2f} ms" if "dense" in self.predicted_ms else "not used")
+        self.path = path
+        return path
 
     def outgoing_control(self, path: str, timings_ms: tuple) -> tuple:
         """The control entries this rank sends with its next step (only rank 0's are used)."""
@@ -148,7 +179,9 @@ class FlexibleController:
 
     def observe_step(self, control: list[float], cr: float) -> None:
         """Feed rank 0's timings of the previous step (``control`` as received in the payload:
-        path code, first-collective ms, second-collective ms, VAR allgather ms)."""
+        path code, first-collective ms, second-collective ms, VAR allgather ms). A first-collective
+        time of :data:`BROADCAST_NOT_TIMED` leaves the broadcast fit alone and counts the
+        broadcast at its predicted time in the drift check."""
         code, t1, t2, t_var = (float(c) for c in control[:CONTROL_SLOTS])
         path = _PATH_OF_CODE.get(code)
         if path is None:
@@ -159,7 +192,10 @@ class FlexibleController:
             self.model.observe("allgather", sizes["allgather"], t1)
             measured = t1
         else:
-            self.model.observe("broadcast", sizes["broadcast"], t1)
+            if t1 < 0.0:  # BROADCAST_NOT_TIMED: compare the rest, take the broadcast as predicted
+                t1 = self.model.predict_ms("broadcast", sizes["broadcast"])
+            else:
+                self.model.observe("broadcast", sizes["broadcast"], t1)
             self.model.observe("allreduce", sizes["allreduce"], t2)
             measured = t1 + t2
             if t_var > 0:
@@ -175,12 +211,15 @@ class FlexibleController:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "path": self.path,
                 "last_probe_step": self.last_probe_step, "probe_ms_total": self.probe_ms_total,
-                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes}
+                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
+                "dense_ms": self.dense_ms}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
         self.path = state.get("path")
-        self.router = Router(self.mode.hysteresis, current=self.path)
+        self.router = Router(self.mode.hysteresis,
+                             current=self.path if self.path in PATHS else None)
+        self.dense_ms = state.get("dense_ms")
         self.last_probe_step = int(state.get("last_probe_step", 0))
         self.probe_ms_total = float(state.get("probe_ms_total", 0.0))
         self.n_switches = int(state.get("n_switches", 0))

@@ -28,8 +28,9 @@ import torch
 from ._horovod import require_horovod
 from .compression import Adaptive, Dense, Flexible, TopkCompression
 from .control import allgather_object
+from .flexible import BROADCAST_NOT_TIMED
 from .messages import GradMessage, build_messages
-from .sync import CONTROL_SLOTS, MessageOutcome, Pending, StepConfig, advance, finish, launch
+from .sync import CONTROL_SLOTS, MessageOutcome, Pending, StepConfig, advance, finish, launch, wire_dtype
 
 __all__ = ["DistributedOptimizer"]
 
@@ -174,14 +175,16 @@ class _FlexMethods(torch.optim.Optimizer):
         if isinstance(mode, Flexible):
             from .flexible import FlexibleController
 
+            dtype = self._flex_messages[0].dtype if self._flex_messages else torch.float32
             self._flex_controller = FlexibleController(
                 mode, self.process_set.size(), sum(m.numel for m in self._flex_messages),
-                self._flex_messages[0].residual.element_size() if self._flex_messages else 4)
+                dtype.itemsize, wire_dtype(dtype).itemsize)
         if isinstance(mode, Adaptive):
             from .adaptive import AdaptiveController
 
             ctrl = self._flex_controller
             ctrl.probe_crs = tuple(mode.candidates) + (mode.c_low, mode.c_high)
+            ctrl.dense_until_step = mode.warmup_steps  # warm-up CRs may be cheaper dense
             self._flex_adaptive = AdaptiveController(
                 mode, self.process_set.rank(), self._flex_hvd, self.process_set,
                 predict_ms=ctrl.predict, model_version=lambda: ctrl.n_full_probes)
@@ -289,6 +292,11 @@ class _FlexMethods(torch.optim.Optimizer):
         ctrl, cr = self._flex_controller, self._flex_cr
         path = ctrl.path
         timings = tuple(sum(o.timings_ms[i] for o in outcomes) for i in range(3))
+        if path == "allreduce" and ctrl.mode.selector == "star" and \
+                any(o.root != self.process_set.rank() for o in outcomes):
+            # STAR: a rank that is not the root enters the index broadcast while the root still
+            # selects its top-k, so its broadcast time holds the root's selection; say so
+            timings = (BROADCAST_NOT_TIMED, *timings[1:])
         received = outcomes[0].control if outcomes and outcomes[0].control else None
         if received and self._flex_sent_cr is not None:
             ctrl.observe_step(received, self._flex_sent_cr)  # rank 0's previous step, at its CR

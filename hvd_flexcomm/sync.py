@@ -38,7 +38,7 @@ from .messages import GradMessage
 from .selectors import star_root, var_root
 from .topk import k_for, select_topk
 
-__all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish"]
+__all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish", "wire_dtype"]
 
 #: Control entries (Flexible's shared timings) carried in every top-k payload; rank 0's count.
 CONTROL_SLOTS = 4
@@ -47,6 +47,14 @@ _EXTRA_AG = 4 + CONTROL_SLOTS
 #: AR payload: per-rank one-hot flags (size), gain, agreement h and h², control (CONTROL_SLOTS)
 _EXTRA_AR_FIXED = 3 + CONTROL_SLOTS
 _F64 = torch.float64
+#: Reduction dtypes for values Horovod's CPU allreduce cannot sum: bfloat16 travels as float32
+#: (twice the bytes, and the sum is exact to float32; the result is cast back).
+_WIRE_DTYPE = {torch.bfloat16: torch.float32}
+
+
+def wire_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a gradient of ``dtype`` is allreduced in (dense and AR-Topk paths)."""
+    return _WIRE_DTYPE.get(dtype, dtype)
 
 
 @dataclass(frozen=True)
@@ -154,10 +162,11 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         pre = 1.0 / cfg.predivide if cfg.average else 1.0
         post = cfg.predivide if cfg.average else 1.0
         op = hvd.Average if cfg.average else hvd.Sum
-        pending.bytes_sent = error_fed.numel() * error_fed.element_size()
+        wire = error_fed.to(wire_dtype(error_fed.dtype))  # the same tensor unless bfloat16
+        pending.bytes_sent = wire.numel() * wire.element_size()
         pending.compress_s = time.perf_counter() - t0
         pending.comm_started = time.perf_counter()
-        pending.handle = hvd.allreduce_async_(error_fed, name=msg.name + ".dense", op=op,
+        pending.handle = hvd.allreduce_async_(wire, name=msg.name + ".dense", op=op,
                                               prescale_factor=pre, postscale_factor=post, **kw)
         return pending
 
@@ -220,6 +229,7 @@ def advance(pending: Pending) -> None:
     idx = pending.indices
     values = pending.error_fed.index_select(0, idx.long())
     local_gain = gain(squared_norm(values), pending.sq_total) if not pending.nonfinite_local else 0.0
+    values = values.to(wire_dtype(values.dtype))
     if cfg.average and cfg.predivide != 1.0:
         values = values * (1.0 / cfg.predivide)
     extras = torch.zeros(cfg.size + _EXTRA_AR_FIXED, dtype=values.dtype)
@@ -247,6 +257,8 @@ def _field(rows: torch.Tensor, first: int, end: int, dtype: torch.dtype) -> torc
     indices), and with one row the slice is already "contiguous", so ``.contiguous()`` would
     not copy it.
     """
+    if end <= first:  # an empty field (k = 0): nothing to reinterpret
+        return torch.empty(rows.shape[0], 0, dtype=dtype)
     return rows[:, first:end].clone(memory_format=torch.contiguous_format).view(dtype)
 
 
@@ -260,6 +272,8 @@ def finish(pending: Pending) -> MessageOutcome:
     cfg, hvd, msg = pending.cfg, pending.cfg.hvd, pending.msg
     output = hvd.synchronize(pending.handle)
     t0 = time.perf_counter()
+    if cfg.path == "dense":
+        output = output.to(msg.dtype)  # a no-op unless the gradient travelled in wire_dtype
     if cfg.path == "allreduce":
         pending.second_s = t0 - pending.comm_started
     else:
@@ -315,7 +329,7 @@ def finish(pending: Pending) -> MessageOutcome:
             if cfg.average:
                 values = values * (cfg.predivide / size)
             result = torch.zeros(n, dtype=msg.dtype)
-            result.index_copy_(0, pending.indices.long(), values)
+            result.index_copy_(0, pending.indices.long(), values.to(msg.dtype))
             outcome.result = result
             outcome.gain = min(1.0, max(0.0, float(gain_sum) / size))
             msg.residual = commit_residual(pending.error_fed, pending.indices)

@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +54,24 @@ def launcher_argv(np: int, controller: str) -> list[str]:
     raise ValueError(f"unknown controller {controller!r}")
 
 
-def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: float = 120,
-                 expect_failure: bool = False, env: dict | None = None,
-                 wrap: Any = None, **kwargs: Any) -> list:
-    """Run ``module:function(**kwargs)`` on ``np`` ranks; return the per-rank results.
+@dataclass
+class Launch:
+    """One finished launch: per-rank ``outcomes`` (``("ok", value)`` / ``("error", traceback)`` /
+    ``("missing", None)``), the launcher's ``output`` (stdout + stderr), its ``returncode``, the
+    job's wall time ``elapsed_s`` and ``ended_at`` (``time.time()`` at the launcher's exit)."""
 
-    With ``expect_failure=True`` the ranks are expected to raise: the per-rank outcomes are then
-    returned as ``("error", traceback_text)`` / ``("ok", value)`` tuples instead of failing.
+    outcomes: list
+    output: str
+    returncode: int
+    elapsed_s: float
+    ended_at: float
+
+
+def launch(target: str, np: int = 2, controller: str = "gloo", timeout: float = 120,
+           env: dict | None = None, wrap: Any = None, **kwargs: Any) -> Launch:
+    """Run ``module:function(**kwargs)`` on ``np`` ranks and collect whatever they report; fail
+    the test (after killing the process group) if the job outlives ``timeout`` seconds.
+
     ``wrap(np, rank_argv) -> argv`` replaces the local launcher (e.g. an emulated network's
     ``Emulator.horovodrun_argv``).
     """
@@ -67,6 +80,7 @@ def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: fl
         rank_argv = [sys.executable, "-m", "tests.rank_main", target, outdir, json.dumps(kwargs)]
         argv = (wrap(np, rank_argv) if wrap is not None
                 else launcher_argv(np, controller) + rank_argv)
+        t0 = time.monotonic()
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=horovod_env(env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -74,8 +88,9 @@ def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: fl
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
-            pytest.fail(f"{target} on {np} ranks ({controller}) timed out after {timeout:.0f} s; "
+            pytest.fail(f"{target} on {np} ranks ({controller}) hung: killed after {timeout:.0f} s; "
                         f"output:\n{output[-6000:]}")
+        elapsed, ended_at = time.monotonic() - t0, time.time()
         outcomes = []
         for rank in range(np):
             path = Path(outdir) / f"rank{rank}.pkl"
@@ -84,11 +99,24 @@ def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: fl
                     outcomes.append(pickle.load(fh))
             else:
                 outcomes.append(("missing", None))
+    return Launch(outcomes, output, proc.returncode, elapsed, ended_at)
+
+
+def run_parallel(target: str, np: int = 2, controller: str = "gloo", timeout: float = 120,
+                 expect_failure: bool = False, env: dict | None = None,
+                 wrap: Any = None, **kwargs: Any) -> list:
+    """Run ``module:function(**kwargs)`` on ``np`` ranks; return the per-rank results.
+
+    With ``expect_failure=True`` the ranks are expected to raise: the per-rank outcomes are then
+    returned as ``("error", traceback_text)`` / ``("ok", value)`` tuples instead of failing.
+    ``wrap``: as in :func:`launch`.
+    """
+    run = launch(target, np, controller, timeout, env, wrap, **kwargs)
     if expect_failure:
-        return outcomes
-    errors = [(r, o) for r, o in enumerate(outcomes) if o[0] != "ok"]
-    if errors or proc.returncode != 0:
+        return run.outcomes
+    errors = [(r, o) for r, o in enumerate(run.outcomes) if o[0] != "ok"]
+    if errors or run.returncode != 0:
         details = "\n".join(f"--- rank {r}: {o[0]}\n{o[1]}" for r, o in errors)
-        pytest.fail(f"{target} on {np} ranks ({controller}) failed (exit {proc.returncode}):\n"
-                    f"{details}\n--- launcher output:\n{output[-6000:]}")
-    return [o[1] for o in outcomes]
+        pytest.fail(f"{target} on {np} ranks ({controller}) failed (exit {run.returncode}):\n"
+                    f"{details}\n--- launcher output:\n{run.output[-6000:]}")
+    return [o[1] for o in run.outcomes]

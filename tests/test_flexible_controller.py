@@ -3,7 +3,7 @@
 import pytest
 
 from hvd_flexcomm import Flexible
-from hvd_flexcomm.flexible import PATH_CODES, FlexibleController
+from hvd_flexcomm.flexible import BROADCAST_NOT_TIMED, PATH_CODES, FlexibleController
 
 NUMEL = 1_000_000
 
@@ -50,6 +50,29 @@ def test_network_change_triggers_reprobe_and_switch():
     assert ctrl.decide(13, 0.01) == "allreduce"
 
 
+def test_untimed_star_broadcast_neither_fits_nor_drifts():
+    """Under STAR, rank 0's broadcast time when another rank is root holds that root's top-k
+    selection: it is sent as BROADCAST_NOT_TIMED and must not bend the fit or fire a re-probe."""
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
+    assert ctrl.decide(0, 0.01) == "allreduce"
+    sizes = ctrl.payload_bytes(10_000)
+    bcast_ms = ctrl.model.predict_ms("broadcast", sizes["broadcast"])
+    ar_ms = ctrl.model.predict_ms("allreduce", sizes["allreduce"])
+    n_bcast = ctrl.model.fits["broadcast"].n_samples
+    for step in range(1, 12):  # odd steps: rank 0 waited 50 ms for the root's selection
+        t1 = BROADCAST_NOT_TIMED if step % 2 else bcast_ms
+        ctrl.observe_step([PATH_CODES["allreduce"], t1, ar_ms, 0.0], 0.01)
+        assert not ctrl.full_probe_due, step
+    assert ctrl.model.fits["broadcast"].n_samples == n_bcast + 5  # the timed even steps only
+    assert ctrl.model.predict_ms("broadcast", sizes["broadcast"]) == pytest.approx(bcast_ms)
+    # a real slowdown of the allreduce still fires, on timed and untimed steps alike
+    ctrl.observe_step([PATH_CODES["allreduce"], BROADCAST_NOT_TIMED, 10 * ar_ms, 0.0], 0.01)
+    ctrl.observe_step([PATH_CODES["allreduce"], bcast_ms, 10 * ar_ms, 0.0], 0.01)
+    assert ctrl.full_probe_due
+
+
 def test_hysteresis_keeps_path_on_near_ties():
     ctrl = FlexibleController(Flexible(cr=0.01, hysteresis=0.2), world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-6, fixed_ms=0.0)
@@ -90,3 +113,30 @@ def test_state_round_trip():
 def test_flexible_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         Flexible(**kwargs)
+
+
+def test_warmup_goes_dense_when_the_dense_allreduce_is_cheaper():
+    """Adaptive's warm-up: the full probe spans the candidate CRs only (not a warm-up CR of 0.8,
+    whose top-k would be a huge probe) and times one dense allreduce; steps before
+    ``dense_until_step`` go dense while that is cheaper than both sparse paths."""
+    ctrl = FlexibleController(Flexible(cr=0.1, hysteresis=0.1), world_size=4, numel=NUMEL)
+    ctrl.probe_crs = (0.1, 0.01, 0.001)
+    ctrl.dense_until_step = 20
+    plan, _, full = ctrl.probe_plan(3, 0.8)
+    assert full and ("dense", 4 * NUMEL) in plan
+    assert max(b for k, b in plan if k == "allgather") == ctrl.payload_bytes(100_000)["allgather"]
+    results = [(kind, nbytes, 0.5 + 1e-5 * nbytes) for kind, nbytes in plan]  # 40.5 ms dense
+    ctrl.after_probe(3, results, full=True, spent_ms=1.0)
+    assert ctrl.dense_ms == pytest.approx(0.5 + 40.0)
+    assert "dense" not in {kind for kind in ctrl.model.fits}
+    assert ctrl.decide(3, 0.8) == "dense"  # AR at 0.8 sends 8 bytes per kept element: 64 ms
+    assert ctrl.predicted_ms["dense"] == ctrl.dense_ms
+    assert ctrl.decide(10, 0.1) in ("allgather", "allreduce")  # 0.1: 8 ms sparse
+    assert ctrl.decide(25, 0.8) != "dense"  # warm-up over: sparse, as asked
+    state = ctrl.to_dict()
+    ctrl.decide(4, 0.8)
+    again = FlexibleController(Flexible(cr=0.1), world_size=4, numel=NUMEL)
+    again.load_dict(ctrl.to_dict())  # a checkpoint taken on a dense step loads
+    assert again.path == "dense" and again.dense_ms == state["dense_ms"]
+    ctrl.full_probe_due = True  # a re-probe after the warm-up does not time dense any more
+    assert "dense" not in {kind for kind, _ in ctrl.probe_plan(30, 0.1)[0]}

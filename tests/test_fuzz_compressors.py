@@ -619,6 +619,13 @@ def test_sync_allgather_on_a_single_rank(dtype, k):
     _simulate(1, "allgather", "star", dtype, [(k * 10,)], 0.1, "normal", steps=2, seed=k)
 
 
+@pytest.mark.parametrize("path", ["allgather", "allreduce"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_sync_empty_message(size, path):
+    """A message of zero elements (k = 0): the gathered rows hold only the float64 header."""
+    _simulate(size, path, "star", torch.float32, [(0,)], 1.0, "normal", steps=2, seed=0)
+
+
 @pytest.mark.parametrize("path", ["allreduce", "dense"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_DTYPE_IDS)
 def test_sync_other_paths_on_a_single_rank(path, dtype):
@@ -627,7 +634,9 @@ def test_sync_other_paths_on_a_single_rank(path, dtype):
 
 def _detects_mismatch(path: str, dtype: torch.dtype, size: int, agreements: list) -> bool:
     """Whether the payload's agreement check can see these per-rank hashes differ: AG rows carry
-    32 bits; AR sums carry 16 (float64) or 8 (float32) bits and nothing in half precision."""
+    32 bits; AR sums carry 16 (float64) or 8 (float32, and bfloat16, which is summed as float32)
+    bits and nothing in float16."""
+    dtype = sync_mod.wire_dtype(dtype)
     if path == "allgather":
         bits = 32
     elif dtype == torch.float64:

@@ -1,0 +1,77 @@
+"""Plumbing shared by the benchmark drivers and the Horovod jobs they launch.
+
+A driver writes ``plan.json`` into a control directory, launches a job (``horovodrun`` on
+loopback or inside the network emulator) with :func:`job_env`, and reads back what the job's
+rank 0 appended to ``results.jsonl`` (one JSON record per line) with :func:`read_records`. A job
+finds its plan with :func:`job_plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The records a job's rank 0 appends, one JSON object per line, in the control directory.
+RECORDS = "results.jsonl"
+
+
+def job_env(venv_bin: Optional[str] = None) -> dict[str, str]:
+    """The environment of a launched job: this repository importable first, one compute thread
+    per rank (ranks share 2 cores), Horovod's warnings only, and ``venv_bin`` first on PATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    if venv_bin:
+        env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "/usr/bin:/bin")])
+    env.setdefault("HOROVOD_LOG_LEVEL", "warning")
+    return env
+
+
+def append_record(ctl: str, record: dict[str, Any]) -> None:
+    """Append one record to the control directory's :data:`RECORDS` (rank 0 only calls it)."""
+    with open(os.path.join(ctl, RECORDS), "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def read_records(ctl: str) -> list[dict[str, Any]]:
+    """Every record the job wrote so far (an empty list before the first)."""
+    path = os.path.join(ctl, RECORDS)
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def tail(path: str, n: int = 4000) -> str:
+    """The last ``n`` characters of a log file ("" if it cannot be read)."""
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()[-n:]
+    except OSError:
+        return ""
+
+
+def job_plan(description: str, argv: Optional[list[str]] = None) -> tuple[str, dict[str, Any]]:
+    """A job's ``--ctl`` directory and the ``plan.json`` its driver wrote there."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--ctl", required=True, help="control directory shared with the parent")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    with open(os.path.join(args.ctl, "plan.json")) as fh:
+        return args.ctl, json.load(fh)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` so that a reader polling for ``path`` never sees it half-written."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def mark_done(ctl: str) -> None:
+    """Rank 0, at the very end of a job: tell the driver that every record is written."""
+    write_atomic(os.path.join(ctl, "done"), "{}")
