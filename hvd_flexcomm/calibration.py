@@ -30,6 +30,11 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
    ``a = y0`` and ``b = 0``. Either way the line passes through the measured point exactly. This
    matters in steady state, when every step measures the same k and the probe sizes have left the
    window: the level keeps tracking the measurements and the split keeps the last known slope.
+6. **a narrow span** of sizes (largest < ``MIN_SLOPE_SPAN`` × smallest, e.g. steps at CRs 0.016
+   and 0.011 once the probe sizes have left the window) cannot pin the slope either: step-to-step
+   noise would tilt it, even to zero, which makes every size cost the same. With a slope prior
+   the slope is kept and only the level is fitted (weighted mean of ``median - b·x``); the learned
+   slope changes only through fits over a wide span (the probes).
 
 Refits happen on every :meth:`LinearCostFit.add` (at most ``window`` points: tens of microseconds).
 """
@@ -59,6 +64,9 @@ KINDS: tuple[str, str, str] = ("allgather", "broadcast", "allreduce")
 _MIN_MS_FOR_WEIGHT = 1e-6
 
 _DICT_VERSION = 1
+
+#: A fit learns its slope only from sizes spanning at least this ratio (largest / smallest).
+MIN_SLOPE_SPAN = 2.0
 
 
 class NotCalibratedError(RuntimeError):
@@ -161,6 +169,12 @@ class LinearCostFit:
         medians = np.array([np.median(data[inverse == i, 1]) for i in range(len(sizes))])
         if len(sizes) == 1:
             self._a, self._b = self._fit_single(float(sizes[0]), float(medians[0]))
+            return
+        prior = self._slope_prior()
+        if prior is not None and sizes.max() < MIN_SLOPE_SPAN * max(float(sizes.min()), 1.0):
+            w = counts / np.maximum(medians, _MIN_MS_FOR_WEIGHT) ** 2
+            level = float(np.sum(w * (medians - prior * sizes)) / np.sum(w))
+            self._a, self._b = max(level, 0.0), prior
             return
         self._a, self._b = _weighted_constrained_line(sizes, medians, counts)
         self._learned_b = self._b

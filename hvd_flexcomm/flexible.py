@@ -73,10 +73,9 @@ class FlexibleController:
         #: current CR; Adaptive sets its candidates, and a warm-up CR above them is not probed).
         self.probe_crs: tuple = ()
         #: Steps before this one may go dense (Adaptive's warm-up, where high CRs cost more
-        #: through a sparse path than a dense allreduce): full probes then also time the dense
-        #: allreduce, and :meth:`decide` takes it when it is cheaper.
+        #: through a sparse path than a dense allreduce): :meth:`decide` takes the dense
+        #: allreduce when the allreduce fit predicts it cheaper.
         self.dense_until_step = 0
-        self.dense_ms: Optional[float] = None  # measured dense allreduce (ms), from the probe
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -117,8 +116,6 @@ class FlexibleController:
                                                                        "allreduce") for kk in ks]
             if self.mode.selector == "var":
                 plan.append(("allgather", 8))
-            if step < self.dense_until_step:
-                plan.append(("dense", self.reduce_value_bytes * self.numel))
             return plan, self.mode.probe_repeats, True
         interval = self.mode.reprobe_interval
         if interval and self.path and step - self.last_probe_step >= interval:
@@ -129,10 +126,6 @@ class FlexibleController:
     def after_probe(self, step: int, results: list[tuple[str, int, float]], full: bool,
                     spent_ms: float) -> None:
         """Feed probe results (identical on every rank); a full probe starts the fits afresh."""
-        dense = sorted(ms for kind, _, ms in results if kind == "dense")
-        if dense:
-            self.dense_ms = dense[len(dense) // 2]
-        results = [r for r in results if r[0] != "dense"]
         kinds = {kind for kind, _, _ in results}
         for kind in kinds:
             if full:
@@ -153,15 +146,18 @@ class FlexibleController:
     # -- steps -----------------------------------------------------------------------------------
     def decide(self, step: int, cr: float) -> str:
         """Choose (and remember) the path of ``step``: the cheaper sparse path (with hysteresis),
-        or ``"dense"`` before ``dense_until_step`` when the measured dense allreduce beats it by
-        more than the hysteresis."""
+        or ``"dense"`` before ``dense_until_step`` when the allreduce fit, extrapolated to the
+        whole gradient, predicts a dense allreduce cheaper by more than the hysteresis (the sparse
+        predictions at a warm-up CR are extrapolated from the same fits, so the two compare
+        like with like; probing the dense size itself would cost several steps)."""
         self.predicted_ms = self.predict(cr)
         decision = self.router.decide(step, self.predicted_ms["allgather"],
                                       self.predicted_ms["allreduce"])
         path = decision.path
-        if step < self.dense_until_step and self.dense_ms is not None:
-            self.predicted_ms["dense"] = self.dense_ms
-            if self.dense_ms < (1.0 - self.mode.hysteresis) * self.predicted_ms[path]:
+        if step < self.dense_until_step:
+            dense_ms = self.model.predict_ms("allreduce", self.reduce_value_bytes * self.numel)
+            self.predicted_ms["dense"] = dense_ms
+            if dense_ms < (1.0 - self.mode.hysteresis) * self.predicted_ms[path]:
                 path = "dense"
         if path != self.path and (decision.switched or "dense" in (path, self.path)):
             if self.path is not None:
@@ -169,7 +165,8 @@ class FlexibleController:
             log.info("hvd_flexcomm: step %d: switching to %s at cr %g (predicted allgather %.2f "
                      "ms, allreduce %.2f ms, dense %s)", step, path, cr,
                      self.predicted_ms["allgather"], self.predicted_ms["allreduce"],
-                     f"{self.dense_ms:.2f} ms" if "dense" in self.predicted_ms else "not used")
+                     f"{self.predicted_ms['dense']:.2f} ms" if "dense" in self.predicted_ms
+                     else "not considered")
         self.path = path
         return path
 
@@ -211,15 +208,14 @@ class FlexibleController:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "path": self.path,
                 "last_probe_step": self.last_probe_step, "probe_ms_total": self.probe_ms_total,
-                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
-                "dense_ms": self.dense_ms}
+                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
         self.path = state.get("path")
         self.router = Router(self.mode.hysteresis,
                              current=self.path if self.path in PATHS else None)
-        self.dense_ms = state.get("dense_ms")
+
         self.last_probe_step = int(state.get("last_probe_step", 0))
         self.probe_ms_total = float(state.get("probe_ms_total", 0.0))
         self.n_switches = int(state.get("n_switches", 0))

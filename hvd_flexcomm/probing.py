@@ -22,9 +22,8 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (after one untimed warm-up).
 
     ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
-    ``"allreduce"`` (``"dense"``: an allreduce too, of the whole gradient's size). Returns
-    ``[(kind, nbytes, ms), ...]`` with the max over ranks of each timing, identical on every
-    rank.
+    ``"allreduce"``. Returns ``[(kind, nbytes, ms), ...]`` with the max over ranks of each
+    timing, identical on every rank.
     """
     kw = {} if process_set is None else {"process_set": process_set}
     samples: list[tuple[str, int]] = []
@@ -38,7 +37,7 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
                 hvd.allgather(buf, name=name, **kw)
             elif kind == "broadcast":
                 hvd.broadcast_(buf, root_rank=0, name=name, **kw)
-            elif kind in ("allreduce", "dense"):
+            elif kind == "allreduce":
                 hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
             else:
                 raise ValueError(f"unknown probe kind {kind!r}")

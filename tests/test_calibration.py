@@ -155,6 +155,31 @@ def test_window_collapse_uses_the_last_multi_size_slope_and_tracks_the_level():
     assert fit.a_ms == pytest.approx(4.0 - 1.49 / 0.99)
 
 
+def test_narrow_span_keeps_the_learned_slope():
+    """Steps at two nearby sizes (CR 0.0156 then 0.0112) whose noise runs against the size must
+    not flatten the line: with a probe-learned slope only the level is refitted."""
+    fit = LinearCostFit(window=16)
+    fit.extend((x, _line(x)) for x in SIZES)  # the probe: a wide span, the true slope
+    assert fit.b_ms_per_byte == pytest.approx(B_MS_PER_BYTE)
+    big, small = 1.5e5, 1.1e5  # span 1.36 < MIN_SLOPE_SPAN
+    for _ in range(8):  # the probe sizes leave the window; the larger size happens to be faster
+        fit.add(big, _line(big) * 0.9)
+        fit.add(small, _line(small) * 1.1)
+    assert fit.n_sizes == 2
+    # not clipped to 0: the slope is the last wide-span fit's (probe sizes mixed with the first
+    # steps, hence not exactly the true one), and it stays put while the span is narrow
+    learned = fit.b_ms_per_byte
+    assert learned == pytest.approx(B_MS_PER_BYTE, rel=0.15)
+    fit.add(big, _line(big) * 0.8)
+    assert fit.b_ms_per_byte == learned
+    # the level follows the measurements: the line passes between the two sizes' medians
+    assert _line(big) * 0.9 < fit.predict_ms(big) < _line(big) * 1.1
+    assert fit.predict_ms(1e6) > 5 * fit.predict_ms(1e5) / 2  # a CR 10x larger still costs more
+    # a wide span again (a re-probe) relearns the slope
+    fit.extend((x, _line(x, b=2 * B_MS_PER_BYTE)) for x in list(SIZES) * 4)  # fills the window
+    assert fit.b_ms_per_byte == pytest.approx(2 * B_MS_PER_BYTE, rel=0.05)
+
+
 def test_empty_fit_and_reset():
     fit = LinearCostFit()
     with pytest.raises(NotCalibratedError):
