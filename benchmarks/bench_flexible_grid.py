@@ -29,7 +29,9 @@ Acceptance targets (reported, not asserted):
 
 1. median over cells of ``|predicted - measured| / measured`` <= 15 % per path, comparing
    Flexible's prediction of each path (median over its timed steps; also reported: the prediction
-   right after the start-up calibration) with the measured AG-Topk and AR-Topk times of the cell;
+   right after the start-up calibration) with the measured AG-Topk and AR-Topk times of the cell
+   (AR-Topk: rank 0's steps as the STAR root, where its time holds no wait for another rank's
+   top-k selection; runs recorded before ``root_rank`` was saved use every step);
 2. Flexible's comm time <= 1.05 x min(AG, AR) in >= 90 % of cells.
 
 Writes ``grid.json`` (all cells, every step), ``grid.md`` (one row per cell) and ``grid.png``
@@ -81,7 +83,12 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     """One row of the table from one job record (see ``flexible_job.py``)."""
     timed = rec["timed"]
     ag = _median([s["comm_ms"] for s in timed["ag"]])
+    # AR-Topk STAR: on steps where rank 0 is not the root its index broadcast also waits for the
+    # root's top-k selection, which the model leaves out on purpose (the AG path's selection is
+    # not in its comm time either); compare with rank 0's root steps when the records say which
     ar = _median([s["comm_ms"] for s in timed["ar"]])
+    root_steps = [s["comm_ms"] for s in timed["ar"] if s.get("root_rank") == 0]
+    ar_net = _median(root_steps) if root_steps else ar
     fl = _median([s["comm_ms"] for s in timed["flex"]])
     choices = Counter(s["collective"] for s in timed["flex"])
     choice = choices.most_common(1)[0][0]
@@ -100,11 +107,13 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "ag_ms": ag, "ar_ms": ar, "flex_ms": fl,
         "choice": choice, "choices": dict(choices), "best": best,
         "pred_ag_ms": pred["allgather"], "pred_ar_ms": pred["allreduce"],
-        "err_ag": abs(pred["allgather"] - ag) / ag, "err_ar": abs(pred["allreduce"] - ar) / ar,
+        "ar_net_ms": ar_net,
+        "err_ag": abs(pred["allgather"] - ag) / ag,
+        "err_ar": abs(pred["allreduce"] - ar_net) / ar_net,
         "pred0_ag_ms": pred0.get("allgather", float("nan")),
         "pred0_ar_ms": pred0.get("allreduce", float("nan")),
         "err0_ag": abs(pred0.get("allgather", float("nan")) - ag) / ag,
-        "err0_ar": abs(pred0.get("allreduce", float("nan")) - ar) / ar,
+        "err0_ar": abs(pred0.get("allreduce", float("nan")) - ar_net) / ar_net,
         "flex_ratio": fl / min(ag, ar), "flex_ok": fl <= TARGET_RATIO * min(ag, ar),
         "choice_is_best": choice == best,
         # routing quality without Flexible's own (noisy) run: the measured time of the path it

@@ -115,7 +115,8 @@ class Job:
         st = dict(opt.last_stats)
         out = {"collective": st.get("collective"), "comm_ms": st.get("comm_ms"),
                "compress_ms": st.get("compress_ms"), "wall_ms": wall, "k": st.get("k"),
-               "bytes_sent": st.get("bytes_sent"), "skipped": st.get("skipped")}
+               "bytes_sent": st.get("bytes_sent"), "skipped": st.get("skipped"),
+               "root_rank": st.get("root_rank")}
         if "predicted_ms" in st:
             out["predicted_ms"] = st["predicted_ms"]
             out["probe_ms"] = st.get("probe_ms", 0.0)

@@ -8,7 +8,10 @@ usually at a fraction of ``torch.topk``'s cost on large tensors:
    little below the sample's (1 - k/n) quantile so that, with high probability, at least ``k``
    entries lie above it;
 2. one pass over the tensor keeps the candidates ``|x| >= threshold`` (``nonzero``);
-3. an exact ``torch.topk`` over the candidates only (about ``k`` of them) trims the set to ``k``.
+3. an exact ``torch.topk`` over the candidates only (about ``k`` of them) trims the set to ``k``;
+   for large ``k`` a second, upper threshold from the same sample splits the candidates into
+   those certainly kept (above it; if they number at most ``k``) and a narrow band whose
+   ``torch.topk`` supplies the rest.
 
 If fewer than ``k`` candidates survive (an unlucky sample), the threshold is lowered and the pass
 retried; after ``_MAX_ROUNDS`` misses the exact ``torch.topk`` over the whole tensor is used. The
@@ -33,6 +36,9 @@ _EXACT_BELOW = 65_536
 _SAMPLE_MIN, _SAMPLE_MAX, _SAMPLE_DIVISOR = 8_192, 65_536, 400
 #: Attempts with a lowered threshold before falling back to the exact ``torch.topk``.
 _MAX_ROUNDS = 3
+#: From this many kept entries on, the candidates are trimmed in two bands: those above an upper
+#: sampled threshold are kept outright and ``torch.topk`` runs over the narrow band below it only.
+_BAND_TRIM_FROM = 50_000
 
 
 def k_for(cr: float, numel: int) -> int:
@@ -86,6 +92,31 @@ class TopkWorkspace:
         return self.magnitudes, self.mask
 
 
+def _upper_threshold(magnitudes_sample: torch.Tensor, fraction: float) -> float | None:
+    """A magnitude above which, with high probability, *fewer* than ``fraction`` of the population
+    lie (the sample's quantile with ``fraction`` narrowed by three binomial standard deviations);
+    None when the narrowed fraction leaves no sample entry above it."""
+    s = magnitudes_sample.numel()
+    sigma = math.sqrt(max(fraction * (1.0 - fraction), 1e-12) / s)
+    rank = int(math.floor((fraction - 3.0 * sigma - 2.0 / s) * s))
+    if rank < 1:
+        return None
+    return float(torch.topk(magnitudes_sample, rank, sorted=False).values.min())
+
+
+def _band_trim(candidates: torch.Tensor, cand_mags: torch.Tensor, k: int,
+               upper: float) -> torch.Tensor | None:
+    """The ``k`` largest candidates when those above ``upper`` number at most ``k``: they all
+    belong, and only the band ``[threshold, upper]`` needs a ``torch.topk``. None otherwise."""
+    sure = cand_mags > upper
+    n_sure = int(sure.sum())
+    if n_sure > k:
+        return None
+    band = torch.logical_not(sure).nonzero().view(-1)
+    pick = torch.topk(cand_mags.index_select(0, band), k - n_sure, sorted=False).indices
+    return torch.cat([candidates[sure], candidates.index_select(0, band.index_select(0, pick))])
+
+
 def _trim(candidates: torch.Tensor, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` largest of ``candidates`` (indices into ``magnitudes``), by whichever of
     'keep the k largest' and 'drop the count-k smallest' asks ``torch.topk`` for fewer."""
@@ -132,6 +163,7 @@ def select_topk(
         workspace = TopkWorkspace()
     magnitudes, mask = workspace.buffers(tensor)
     torch.abs(tensor, out=magnitudes)
+    upper = _upper_threshold(sample, fraction) if k >= _BAND_TRIM_FROM else None
     for _ in range(_MAX_ROUNDS):
         threshold = sampled_threshold(sample, fraction)
         torch.ge(magnitudes, threshold, out=mask)
@@ -140,6 +172,10 @@ def select_topk(
         if count >= k:
             if count == k:
                 return candidates.to(torch.int32)
+            if upper is not None and upper >= threshold:
+                chosen = _band_trim(candidates, magnitudes.index_select(0, candidates), k, upper)
+                if chosen is not None:
+                    return chosen.to(torch.int32)
             return _trim(candidates, magnitudes, k).to(torch.int32)
         fraction = min(1.0, fraction * 2.0)
     return torch.topk(magnitudes, k, sorted=False).indices.to(torch.int32)

@@ -72,3 +72,30 @@ def test_select_topk_property(n, frac, seed, dtype):
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
     k = min(n, math.floor(frac * n))
     _assert_exact_topk(x, select_topk(x, k), k)
+
+
+@pytest.mark.parametrize("dist", ["normal", "quantised", "heavy_tail"])
+@pytest.mark.parametrize("cr", [0.05, 0.1, 0.2])
+def test_band_trim_for_large_k_is_exact(dist, cr, monkeypatch):
+    """Large k takes the two-threshold path (entries above the upper sampled threshold kept
+    outright, ``torch.topk`` over the band below it); the result is still the exact top-k, also
+    when many magnitudes tie (quantised values)."""
+    import hvd_flexcomm.topk as topk_mod
+
+    calls = []
+    real = topk_mod._band_trim
+    monkeypatch.setattr(topk_mod, "_band_trim", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(7)
+    n = 1_500_000
+    x = torch.randn(n, generator=g)
+    if dist == "quantised":
+        x = torch.round(x * 4) / 4  # a few dozen distinct magnitudes: ties at every threshold
+    elif dist == "heavy_tail":
+        x = x ** 3
+    k = k_for(cr, n)
+    idx = select_topk(x, k, torch.Generator().manual_seed(1))
+    assert idx.dtype == torch.int32 and idx.numel() == k and idx.unique().numel() == k
+    got = torch.sort(x.abs()[idx.long()]).values
+    want = torch.sort(torch.topk(x.abs(), k).values).values
+    assert torch.equal(got, want)
+    assert calls, "the band path was not taken"
