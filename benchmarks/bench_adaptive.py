@@ -278,7 +278,10 @@ def markdown(result: dict[str, Any]) -> str:
         + (f"{result['time_budget_s']:.1f} s of training or " if result["time_budget_s"] else "")
         + f"{s['max_steps_other']} steps. "
         f"Accuracy measured every {s['eval_every']} steps, evaluation excluded from the clock. "
-        f"Adaptive: warm-up {s['warmup_steps']} steps, defaults otherwise.",
+        "Adaptive: warm-up "
+        + ", ".join(sorted({f"{r['method']['options']['warmup_steps']} steps"
+                            for r in result["records"] if r["method"]["kind"] == "adaptive"}))
+        + ", defaults otherwise.",
         "",
         "| method | time to target (s) | steps to target | final acc (%) | vs Dense (pts) | steps | "
         "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | collectives |",
@@ -331,10 +334,12 @@ def plots(result: dict[str, Any], out: str) -> list[str]:
 
     paths = []
     fig, ax = plt.subplots(figsize=(9, 5.5))
+    ada_colors = iter(("black", "dimgray", "darkviolet", "saddlebrown"))
     for rec in result["records"]:
         xs = [e["train_s"] for e in rec["evals"]]
         ys = [100 * e["accuracy"] for e in rec["evals"]]
-        style = {"lw": 2.4, "color": "black"} if rec["method"]["kind"] == "adaptive" else {"lw": 1.3}
+        style = ({"lw": 2.4, "color": next(ada_colors, None)} if rec["method"]["kind"] == "adaptive"
+                 else {"lw": 1.3})
         ax.plot(xs, ys, marker=".", ms=3, label=rec["method"]["name"], **style)
     ax.axhline(100 * result["target"], color="red", ls="--", lw=1,
                label=f"target {100 * result['target']:.2f}%")
@@ -358,14 +363,15 @@ def plots(result: dict[str, Any], out: str) -> list[str]:
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
                                        gridspec_kw={"height_ratios": [2, 1]})
         levels = {"dense": 0, "allreduce": 1, "allgather": 2}
+        ada_colors = iter(("black", "darkorange", "darkviolet", "saddlebrown"))
         for i, rec in enumerate(recs):
             ps = rec["per_step"]
             steps = list(range(1, len(ps["cr"]) + 1))
             is_ada = rec["method"]["kind"] == "adaptive"
-            color = "black" if is_ada else f"C{i}"
+            color = next(ada_colors, None) if is_ada else f"C{i}"
             ax1.step(steps, ps["cr"], where="post", color=color, lw=2 if is_ada else 1,
                      label=rec["method"]["name"])
-            ys = [levels.get(c, -1) + (0.0 if is_ada else 0.15) for c in ps["collective"]]
+            ys = [levels.get(c, -1) + (0.0 if is_ada else 0.15) + 0.1 * i for c in ps["collective"]]
             ax2.scatter(steps, ys, s=4, color=color, label=rec["method"]["name"])
         ax1.set_yscale("log")
         ax1.set_ylabel("compression ratio")
