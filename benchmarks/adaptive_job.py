@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import hvd_flexcomm  # noqa: E402
-from benchmarks.jobctl import append_record, job_plan, mark_done  # noqa: E402
+from benchmarks.jobctl import append_record, end_job, job_plan  # noqa: E402
 from hvd_flexcomm.data import load_fashion_mnist, shard  # noqa: E402
 from hvd_flexcomm.models import MLP, LeNet5, count_parameters  # noqa: E402
 
@@ -237,12 +237,7 @@ def main() -> int:
             continue
         max_steps = int(round(float(plan["step_factor"]) * dense_steps))
         job.run_method(i, method, max_steps, time_budget, target)
-    hvd.allreduce(torch.zeros(1), name="adaptive_job.end")
-    if job.rank == 0:
-        mark_done(ctl)
-    job.say("done")
-    hvd.shutdown()
-    return 0
+    return end_job(hvd, ctl, job.say)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
 import hvd_flexcomm  # noqa: E402
-from benchmarks.jobctl import append_record, job_plan, mark_done, write_atomic  # noqa: E402
+from benchmarks.jobctl import append_record, end_job, job_plan, write_atomic  # noqa: E402
 
 TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
@@ -204,12 +204,7 @@ def main() -> int:
         run_change(job)
     else:
         raise ValueError(f"unknown plan kind {plan['kind']!r}")
-    job.barrier()
-    if job.rank == 0:
-        mark_done(ctl)
-    job.say("done")
-    hvd.shutdown()
-    return 0
+    return end_job(hvd, ctl, job.say)
 
 
 if __name__ == "__main__":

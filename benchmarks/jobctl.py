@@ -75,3 +75,16 @@ def write_atomic(path: str, text: str) -> None:
 def mark_done(ctl: str) -> None:
     """Rank 0, at the very end of a job: tell the driver that every record is written."""
     write_atomic(os.path.join(ctl, "done"), "{}")
+
+
+def end_job(hvd: Any, ctl: str, say: Any) -> int:
+    """The end of every job: wait for all ranks, let rank 0 mark the records complete, shut
+    Horovod down. Returns the process exit code (0)."""
+    import torch
+
+    hvd.allreduce(torch.zeros(1), name="jobctl.end")
+    if hvd.rank() == 0:
+        mark_done(ctl)
+    say("done")
+    hvd.shutdown()
+    return 0

@@ -45,10 +45,11 @@ def _mode(kind: str, cr: float):
     raise ValueError(kind)
 
 
-def die_mid_step(kind: str = "star", cr: float = 0.05, die_rank: int = 1, die_step: int = 3,
-                 code: int = 3, steps: int = 6) -> dict:
-    """Train; ``die_rank`` calls ``os._exit(code)`` right before ``opt.step()`` at ``die_step``
-    (after its backward pass, so the other ranks are already inside the step's collectives)."""
+def _train_with_fault(kind: str, cr: float, steps: int, fault_rank: int, fault_step: int,
+                      fault) -> dict:
+    """Train ``steps`` steps; ``fault(rank, step)`` runs on ``fault_rank`` at ``fault_step``, after
+    its backward pass and right before ``opt.step()`` (the other ranks are already inside the
+    step's collectives)."""
     import horovod.torch as hvd
 
     rank = hvd.rank()
@@ -59,33 +60,32 @@ def die_mid_step(kind: str = "star", cr: float = 0.05, die_rank: int = 1, die_st
     for step in range(steps):
         opt.zero_grad()
         _backward(model, step, rank)
-        if step == die_step and rank == die_rank:
-            sys.stdout.flush()
-            mark(rank, f"exits with code {code} at step {step}")
-            os._exit(code)
+        if step == fault_step and rank == fault_rank:
+            fault(rank, step)
         opt.step()
     return {"completed_steps": steps}
+
+
+def die_mid_step(kind: str = "star", cr: float = 0.05, die_rank: int = 1, die_step: int = 3,
+                 code: int = 3, steps: int = 6) -> dict:
+    """Train; ``die_rank`` calls ``os._exit(code)`` right before ``opt.step()`` at ``die_step``."""
+    def die(rank: int, step: int) -> None:
+        sys.stdout.flush()
+        mark(rank, f"exits with code {code} at step {step}")
+        os._exit(code)
+
+    return _train_with_fault(kind, cr, steps, die_rank, die_step, die)
 
 
 def raise_mid_step(kind: str = "star", cr: float = 0.05, bad_rank: int = 1, bad_step: int = 3,
                    steps: int = 6) -> dict:
     """Like :func:`die_mid_step`, but ``bad_rank`` raises a Python exception instead (the rank
     writes its traceback and exits 1 through ``tests/rank_main.py``)."""
-    import horovod.torch as hvd
+    def fail(rank: int, step: int) -> None:
+        mark(rank, "raises")
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")
 
-    rank = hvd.rank()
-    model = _model()
-    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                            named_parameters=model.named_parameters(),
-                                            compression=_mode(kind, cr))
-    for step in range(steps):
-        opt.zero_grad()
-        _backward(model, step, rank)
-        if step == bad_step and rank == bad_rank:
-            mark(rank, "raises")
-            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
-        opt.step()
-    return {"completed_steps": steps}
+    return _train_with_fault(kind, cr, steps, bad_rank, bad_step, fail)
 
 
 def bad_construction(case: str) -> str:
