@@ -57,12 +57,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from typing import Any, Optional
@@ -71,7 +68,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.jobctl import job_env, read_records, tail  # noqa: E402
+from benchmarks.jobctl import (  # noqa: E402
+    TaggedLines,
+    control_dir,
+    failure,
+    read_records,
+    start_in_emulator,
+    stop,
+    timed_out,
+)
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adaptive_job.py")
 TAG = "[adaptive_job]"
@@ -130,55 +135,34 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
     """Run ``adaptive_job.py`` on ``n`` emulated hosts; (records, link check, error or None)."""
     from hvd_flexcomm.netem import Emulator, LinkSpec
 
-    ctl = tempfile.mkdtemp(prefix="hfc-adaptive-")
-    os.chmod(ctl, 0o777)
     link: dict[str, Any] = {}
-    error = None
-    try:
-        with open(os.path.join(ctl, "plan.json"), "w") as fh:
-            json.dump(plan, fh)
+    with control_dir("hfc-adaptive-", plan) as ctl:
         with Emulator(n_hosts=n, link=LinkSpec(delay_ms=delay_ms, rate_mbit=rate_mbit)) as emu:
             link["rtt_ms"] = emu.measure_rtt_ms(0, 1)
             if check_link:
                 link["throughput_mbit"] = emu.measure_throughput_mbit(0, 1, seconds=1.0)
             print(f"[bench_adaptive] emulated link: RTT {link['rtt_ms']:.2f} ms"
                   + (f", TCP {link['throughput_mbit']:.1f} Mbit/s" if check_link else ""), flush=True)
-            argv = emu.horovodrun_argv(n, [sys.executable, JOB, "--ctl", ctl], start_timeout_s=120)
-            with open(log_path, "w") as log:
-                proc = subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, cwd=REPO)
+            proc = start_in_emulator(emu, n, JOB, ctl, log_path)
             try:
                 error = _follow(proc, ctl, log_path, timeout_s)
             finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                stop(proc)
         return read_records(ctl), link, error
-    finally:
-        shutil.rmtree(ctl, ignore_errors=True)
 
 
 def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float) -> Optional[str]:
     """Echo rank 0's progress lines until the job ends; an error text if it failed."""
     deadline = time.monotonic() + timeout_s
-    pos = 0
+    progress = TaggedLines(log_path, TAG)
     while True:
-        with open(log_path, errors="replace") as fh:
-            fh.seek(pos)
-            chunk = fh.read()
-        cut = chunk.rfind("\n") + 1
-        pos += len(chunk[:cut].encode())
-        for line in chunk[:cut].splitlines():
-            if TAG in line:
-                print(line[line.index(TAG):], flush=True)
+        for line in progress.read():
+            print(line, flush=True)
         rc = proc.poll()
         if rc is not None:
-            if rc != 0 or not os.path.exists(os.path.join(ctl, "done")):
-                return f"job failed (rc {rc}); output tail:\n{tail(log_path)}"
-            return None
+            return failure(rc, ctl, log_path)
         if time.monotonic() > deadline:
-            return f"job timed out after {timeout_s:.0f} s; output tail:\n{tail(log_path)}"
+            return timed_out(timeout_s, log_path)
         time.sleep(0.2)
 
 

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -24,7 +21,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.jobctl import job_env, read_records, tail, write_atomic  # noqa: E402
+from benchmarks.jobctl import (  # noqa: E402
+    TaggedLines,
+    control_dir,
+    failure,
+    read_records,
+    start_in_emulator,
+    stop,
+    timed_out,
+    write_atomic,
+)
 from hvd_flexcomm.netem import Emulator, LinkSpec  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flexible_job.py")
@@ -62,42 +68,17 @@ def run_job(n: int, plan: dict[str, Any], networks: Sequence[dict[str, Any]], ti
     emulator's initial link). Raises :class:`JobError` (with the job's output tail, and the records
     written so far) if the job fails or ``timeout_s`` passes.
     """
-    plan = {**plan, "networks": list(networks)}
-    ctl = tempfile.mkdtemp(prefix="hfc-flexbench-")
-    os.chmod(ctl, 0o777)
-    log_file = log_path or os.path.join(ctl, "job.log")
-    try:
-        with open(os.path.join(ctl, "plan.json"), "w") as fh:
-            json.dump(plan, fh)
+    with control_dir("hfc-flexbench-", {**plan, "networks": list(networks)}) as ctl:
+        log_file = log_path or os.path.join(ctl, "job.log")
         with Emulator(n_hosts=n, link=link_of(networks[0])) as emu:
-            argv = emu.horovodrun_argv(n, [sys.executable, JOB, "--ctl", ctl], start_timeout_s=120)
-            with open(log_file, "w") as log:
-                proc = subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, cwd=REPO)
+            proc = start_in_emulator(emu, n, JOB, ctl, log_file)
             try:
                 _play(emu, proc, ctl, networks, timeout_s, log_file, on_line, on_network)
             except RuntimeError as exc:
                 raise JobError(str(exc), read_records(ctl)) from None
             finally:
-                _stop(proc)
+                stop(proc)
         return read_records(ctl)
-    finally:
-        shutil.rmtree(ctl, ignore_errors=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the launcher: SIGTERM first (horovodrun then stops its ranks), SIGKILL after 10 s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[dict[str, Any]],
@@ -105,21 +86,16 @@ def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[di
           on_network: Optional[Callable[[int, dict], None]]) -> None:
     deadline = time.monotonic() + timeout_s
     nxt = 0
-    pos = 0
+    progress = TaggedLines(log_file, "[flexible_job]")
     while True:
         if on_line is not None:  # echo rank 0's progress lines
-            with open(log_file, "rb") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
-            cut = chunk.rfind(b"\n") + 1
-            pos += cut
-            for line in chunk[:cut].decode(errors="replace").splitlines():
-                if "[flexible_job]" in line:
-                    on_line(line[line.index("[flexible_job]"):])
+            for line in progress.read():
+                on_line(line)
         rc = proc.poll()
         if rc is not None:
-            if rc != 0 or not os.path.exists(os.path.join(ctl, "done")):
-                raise RuntimeError(f"job failed (rc {rc}); output tail:\n{tail(log_file)}")
+            error = failure(rc, ctl, log_file)
+            if error:
+                raise RuntimeError(error)
             break
         if nxt < len(networks) and os.path.exists(os.path.join(ctl, f"ready.{nxt}")):
             net = networks[nxt]
@@ -131,5 +107,5 @@ def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[di
             nxt += 1
             continue
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job timed out after {timeout_s:.0f} s; output tail:\n{tail(log_file)}")
+            raise RuntimeError(timed_out(timeout_s, log_file))
         time.sleep(0.02)

@@ -11,7 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,3 +94,73 @@ def end_job(hvd: Any, ctl: str, say: Any) -> int:
     say("done")
     hvd.shutdown()
     return 0
+
+
+# -- the driver's side -----------------------------------------------------------------------------
+
+
+@contextmanager
+def control_dir(prefix: str, plan: dict[str, Any]) -> Iterator[str]:
+    """A fresh control directory holding ``plan.json`` (readable by the ranks, which may run as
+    another user inside the emulator's namespaces); removed afterwards."""
+    ctl = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(ctl, 0o777)
+    try:
+        with open(os.path.join(ctl, "plan.json"), "w") as fh:
+            json.dump(plan, fh)
+        yield ctl
+    finally:
+        shutil.rmtree(ctl, ignore_errors=True)
+
+
+def start_in_emulator(emu: Any, n: int, job_script: str, ctl: str,
+                      log_path: str) -> subprocess.Popen:
+    """Launch ``job_script --ctl ctl`` on ``n`` hosts of the network emulator ``emu`` through
+    ``horovodrun`` (its own process group), output to ``log_path``."""
+    argv = emu.horovodrun_argv(n, [sys.executable, job_script, "--ctl", ctl], start_timeout_s=120)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=REPO)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a launcher: SIGTERM first (horovodrun then stops its ranks), SIGKILL after 10 s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
+
+
+class TaggedLines:
+    """The complete lines a growing log gained since the last :meth:`read` that hold ``tag``
+    (each from the tag on: rank 0's progress lines, without the launcher's prefix)."""
+
+    def __init__(self, path: str, tag: str) -> None:
+        self.path, self.tag, self.pos = path, tag, 0
+
+    def read(self) -> list[str]:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.pos)
+            chunk = fh.read()
+        cut = chunk.rfind(b"\n") + 1
+        self.pos += cut
+        return [line[line.index(self.tag):]
+                for line in chunk[:cut].decode(errors="replace").splitlines() if self.tag in line]
+
+
+def failure(rc: int, ctl: str, log_path: str) -> Optional[str]:
+    """Why a job that exited with ``rc`` failed (None: it exited 0 after :func:`mark_done`)."""
+    if rc != 0 or not os.path.exists(os.path.join(ctl, "done")):
+        return f"job failed (rc {rc}); output tail:\n{tail(log_path)}"
+    return None
+
+
+def timed_out(timeout_s: float, log_path: str) -> str:
+    return f"job timed out after {timeout_s:.0f} s; output tail:\n{tail(log_path)}"
