@@ -198,6 +198,7 @@ class Job:
             res = ada.last_result
             record["adaptive"] = {
                 "channel": ada.channel, "changes": [list(c) for c in ada.changes],
+                "announcements": ada.n_announcements,
                 "solves": [{"step": s["step"], "reason": s["reason"],
                             "seconds": None if s["end"] is None else s["end"] - s["start"]}
                            for s in ada.solves],

@@ -191,6 +191,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "median_step_ms": statistics.median(ps["ms"]) if ps["ms"] else None,
         "mean_comm_ms": _mean(ps["comm_ms"]), "mean_compress_ms": _mean(ps["compress_ms"]),
         "probe_ms_total": sum(x for x in ps["probe_ms"] if x),
+        "full_probes": rec.get("flexible", {}).get("n_full_probes"),
         "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
         "epochs_started": rec["epochs_started"],
     }
@@ -204,6 +205,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         row["cr_max"] = max(crs) if crs else None
         row["cr_mean_after_warmup"] = _mean(after)
         row["cr_changes"] = rec.get("adaptive", {}).get("changes")
+        row["announcements"] = rec.get("adaptive", {}).get("announcements")
     return row
 
 
@@ -243,6 +245,13 @@ def _fmt_s(x: Optional[float]) -> str:
     return "not reached" if x is None else f"{x:.1f}"
 
 
+def _fmt_probes(row: dict[str, Any]) -> str:
+    """Probing time of a run (s) and its number of full probes (start-up and after drift)."""
+    if row.get("full_probes") is None:
+        return "-"
+    return f"{row['probe_ms_total'] / 1e3:.1f} ({row['full_probes']})"
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     rows = result["rows"]
@@ -268,8 +277,9 @@ def markdown(result: dict[str, Any]) -> str:
         + ", defaults otherwise.",
         "",
         "| method | time to target (s) | steps to target | final acc (%) | vs Dense (pts) | steps | "
-        "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | collectives |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | probes (s, full) | "
+        "collectives |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         coll = ", ".join(f"{k} {v}" for k, v in sorted(r["collectives"].items()))
@@ -279,12 +289,13 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['steps_to_target'] if r['steps_to_target'] is not None else '-'} | "
             f"{100 * r['final_accuracy']:.2f} | {r['delta_vs_dense_pts']:+.2f} | {r['steps']} | "
             f"{r['train_s']:.1f} | {r['mean_step_ms']:.0f} | {r['median_step_ms']:.0f} | {comm} | "
-            f"{coll} |")
+            f"{_fmt_probes(r)} | {coll} |")
     for ada in (r for r in rows if r["kind"] == "adaptive"):
         lines += ["", f"{ada['name']}'s CR: first {ada['cr_first']:g}, last {ada['cr_last']:g}, range "
                   f"[{ada['cr_min']:g}, {ada['cr_max']:g}], mean after warm-up "
                   f"{ada['cr_mean_after_warmup'] or float('nan'):.4g}; changes after warm-up "
-                  f"(step, CR): {ada['cr_changes']}."]
+                  f"(step, CR): {ada['cr_changes']}; {ada.get('announcements', '?')} announcement "
+                  "broadcasts."]
     if a.get("adaptive"):
         ratio = a.get("ratio_adaptive_vs_best_fixed")
         faster = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in a["faster_than"].items())

@@ -20,8 +20,8 @@ backward pass of ``--batch-size`` random samples (created once, as Horovod's ben
 **Methods** (``--method``, a comma-separated list runs them one after the other in one job):
 ``horovod`` (``hvd.DistributedOptimizer``, dense), ``dense`` (``hvd_flexcomm`` ``Dense()``),
 ``agtopk``, ``artopk-star``, ``artopk-var``, ``flexible`` (``AGTopk`` / ``ARTopk`` / ``Flexible`` at
-``--cr``) and ``adaptive`` (``Adaptive()``: the CR is chosen online in [0.001, 0.1]; announced every
-2 steps here so that it settles during warm-up; ``--cr`` is ignored).
+``--cr``) and ``adaptive`` (``Adaptive()``: the CR is chosen online in [0.001, 0.1]; a new one
+may be announced every 2 steps here so that it settles during warm-up; ``--cr`` is ignored).
 
 **Timing.** ``--num-warmup-batches`` untimed steps, then ``--num-iters`` iterations of
 ``--num-batches-per-iter`` steps each; ``Iter #i: X img/sec per rank`` for each, then

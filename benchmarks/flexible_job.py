@@ -18,10 +18,14 @@ The model is a single ``torch.nn.Parameter`` of ``numel`` float32 entries per me
 backward pass); its ``.grad`` is refilled before every step from a small pool of pre-drawn
 standard-normal tensors (``pool`` of them, drawn once per rank from a per-rank seed), which costs a
 copy instead of a fresh ``randn`` of ~12M entries. Unless the plan says ``"barrier": false``, every
-step starts with a tiny allreduce (untimed) so that all ranks enter it together: ``comm_ms`` is
-then the step's communication, not rank 0 waiting for a rank whose top-k ran late (2 cores, N
-ranks). AR-Topk's index broadcast still includes the root's top-k selection for the other ranks
-(they have no selection of their own to do): that is part of what AR-Topk costs.
+step starts with a tiny allreduce (untimed) so that all ranks enter it together.
+
+Two communication times per step: ``comm_ms`` is rank 0's (``last_stats``): it includes rank 0's
+wait for the last rank to enter each collective, i.e. for a rank whose top-k ran late (2 cores, N
+ranks), and, under AR-Topk STAR, for the root's selection when rank 0 is not the root.
+``net_ms`` is the collectives' own cost: after the step (untimed) every rank's ``timings_ms`` are
+allgathered and each collective's minimum over ranks is summed (the last rank to enter a
+collective waits for nobody) -- the quantity Flexible's model predicts.
 
 Hand-shake with the parent (files in ``DIR``; the parent runs in the root namespace and applies the
 network with ``Emulator.set_link``): rank 0 writes ``ready.<i>`` and polls for ``go.<i>`` (the
@@ -38,6 +42,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
@@ -101,6 +106,14 @@ class Job:
     def barrier(self) -> None:
         hvd.allreduce_(self.barrier_buf, op=hvd.Sum, name="flexible_job.barrier")
 
+    def network_ms(self, stats: dict) -> Optional[float]:
+        """Sum over the step's collectives of their minimum time over ranks (ms; untimed)."""
+        mine = stats.get("timings_ms")
+        if mine is None:
+            return None
+        every = hvd.allgather(torch.tensor([mine], dtype=torch.float64), name="flexible_job.timings")
+        return float(every.min(dim=0).values.sum())
+
     def step(self, param, opt) -> dict:
         """One synchronized step on fresh gradient values; rank 0's ``last_stats`` + wall ms."""
         if param.grad is None:
@@ -113,7 +126,8 @@ class Job:
         opt.step()
         wall = 1e3 * (time.perf_counter() - t0)
         st = dict(opt.last_stats)
-        out = {"collective": st.get("collective"), "comm_ms": st.get("comm_ms"),
+        out = {"net_ms": self.network_ms(st), "collective": st.get("collective"),
+               "comm_ms": st.get("comm_ms"),
                "compress_ms": st.get("compress_ms"), "wall_ms": wall, "k": st.get("k"),
                "bytes_sent": st.get("bytes_sent"), "skipped": st.get("skipped"),
                "root_rank": st.get("root_rank")}
@@ -164,9 +178,9 @@ def run_grid(job: Job) -> None:
             del setups, flex_opt, ctrl
             gc.collect()
             done += 1
-            ag = statistics.median(s["comm_ms"] for s in timed["ag"])
-            ar = statistics.median(s["comm_ms"] for s in timed["ar"])
-            fl = statistics.median(s["comm_ms"] for s in timed["flex"])
+            ag = statistics.median(s["net_ms"] for s in timed["ag"])
+            ar = statistics.median(s["net_ms"] for s in timed["ar"])
+            fl = statistics.median(s["net_ms"] for s in timed["flex"])
             job.say(f"cell {done}/{total}: N={job.size} {net.get('label')} cr={cr:g}: AG {ag:.1f} ms, "
                     f"AR {ar:.1f} ms, Flexible {fl:.1f} ms ({timed['flex'][-1]['collective']})")
 

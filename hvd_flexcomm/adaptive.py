@@ -3,9 +3,14 @@
 Who does what:
 
 - **every rank** follows the same CR schedule: the warm-up ramp (a pure function of the step), then
-  whatever rank 0 announced. Announcements happen every ``sync_every`` steps, at the start of the
-  step, on every rank (one small broadcast from rank 0: mpi4py's ``bcast`` under an MPI controller,
-  ``hvd.broadcast_object`` under Gloo), so a new CR takes effect at the same step everywhere;
+  whatever rank 0 announced. An announcement is one small broadcast from rank 0 (mpi4py's
+  ``bcast`` under an MPI controller, ``hvd.broadcast_object`` under Gloo) at the start of a step
+  that is a multiple of ``sync_every``, on every rank, so a new CR takes effect at the same step
+  everywhere. It happens **only when rank 0 has a new CR**: rank 0 raises the announce flag in the
+  control entries of its step payload (``sync.py``) once a solve has finished, every rank receives
+  the flag with that step's collective, and the next multiple of ``sync_every`` after it runs the
+  broadcast on every rank (no broadcast, no network round trip, on the other steps: at 5 ms one
+  way a broadcast costs tens of ms);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
   the calibrated cost model (the cheaper path at each CR), and, when a trigger fires, submits the
@@ -25,7 +30,7 @@ import torch
 
 from .compression import Adaptive
 from .gains import GainTracker, gains_at_crs
-from .moo import MooResult, solve_cr
+from .moo import MooResult, preload, solve_cr
 from .topk import TopkWorkspace
 
 __all__ = ["AdaptiveController", "warmup_cr"]
@@ -71,9 +76,12 @@ class AdaptiveController:
         self.changes: list[tuple[int, float]] = []  # (step, cr) of every change after warm-up
         self.solves: list[dict] = []  # rank 0: start/end times (perf_counter s) and step of solves
         self.failed = False
+        self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self._executor: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
         self._mpi_comm = self._mpi_channel()
+        if rank == 0 and hvd is not None:
+            preload()  # the solver's imports, off the training path
 
     # -- channel -------------------------------------------------------------------------------
     def _mpi_channel(self) -> Any:
@@ -104,15 +112,23 @@ class AdaptiveController:
         return self.hvd.broadcast_object(obj, root_rank=0, name="hvd_flexcomm.cr", **kw)
 
     # -- per step ------------------------------------------------------------------------------
-    def cr_for_step(self, step: int) -> float:
-        """The CR of ``step`` (identical on every rank); runs the announcement when one is due."""
+    def announce_ready(self) -> bool:
+        """Rank 0: whether a solve has finished that the next announcement will offer (the flag
+        rank 0 sends in its step payload). Always False on other ranks."""
+        return self.rank == 0 and self._future is not None and self._future.done()
+
+    def cr_for_step(self, step: int, announce_flag: bool) -> float:
+        """The CR of ``step`` (identical on every rank); runs the announcement when one is due:
+        ``step`` is a multiple of ``sync_every`` and ``announce_flag`` (rank 0's flag as received
+        with the latest step payload: the same value on every rank) is set."""
         mode = self.mode
         if step < mode.warmup_steps:
             self.cr = warmup_cr(step, mode.warmup_steps, mode.cr, mode.sync_every)
             return self.cr
         if self.announced_cr is None:
             self.cr = mode.cr  # warm-up over (or none): hold the starting CR until a solve
-        if step % mode.sync_every == 0:
+        if step % mode.sync_every == 0 and announce_flag:
+            self.n_announcements += 1
             offer = self._ready_result() if self.rank == 0 else None
             new_cr = self._broadcast(offer)
             if new_cr is not None and new_cr != self.cr:

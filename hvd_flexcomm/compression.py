@@ -202,8 +202,10 @@ class Adaptive(Flexible):
     communication time with the calibrated cost model (cheaper path at each CR), fits smooth
     curves, and solves ``min (time, 1/gain)`` over ``[c_low, c_high]`` with NSGA-II
     (``pop_size``, ``n_gen``) in a background thread, picking one point with an ASF of
-    ``weights`` (time, gain). New CRs are announced every ``sync_every`` steps (mpi4py under MPI,
-    ``hvd.broadcast_object`` under Gloo) and take effect at that same step on every rank.
+    ``weights`` (time, gain). A new CR is announced at the first multiple of ``sync_every``
+    after rank 0 flagged it in a step payload (one broadcast: mpi4py under MPI,
+    ``hvd.broadcast_object`` under Gloo; none while there is nothing new) and takes effect at
+    that same step on every rank.
 
     - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.

@@ -5,8 +5,10 @@ and feeds it exactly the same numbers, so every rank computes the same path for 
 without a decision broadcast:
 
 - probe timings are max-reduced over ranks (:func:`hvd_flexcomm.probing.run_probes`);
-- step timings are **rank 0's**, delivered to every rank inside the next step's own payload (the
-  control entries of :mod:`hvd_flexcomm.sync`), so the cost model lags one step behind;
+- step timings are each collective's **minimum over ranks** (the time of the last rank to enter
+  it: the collective's own cost, without the wait for slower ranks' top-k), delivered to every
+  rank inside the next step's own payload (the control entries of :mod:`hvd_flexcomm.sync`), so
+  the cost model lags one step behind;
 - probes are scheduled from shared state only (the step counter, the drift detector fed with the
   shared timings).
 
@@ -23,23 +25,24 @@ from typing import Any, Optional
 from .calibration import CollectiveCostModel, DriftDetector
 from .compression import Flexible
 from .routing import PATHS, Router
-from .sync import CONTROL_SLOTS
+from .sync import CONTROL_SLOTS, ar_extra_entries
 from .topk import k_for
 
-__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES", "BROADCAST_NOT_TIMED"]
+__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES", "ANNOUNCE_SLOT"]
 
 log = logging.getLogger("hvd_flexcomm.flexible")
 
 # The control entries carried in each step's payload (CONTROL_SLOTS of them) are: [path code,
-# first-collective ms, second-collective ms, VAR allgather ms] of rank 0's previous step.
+# first-collective ms, second-collective ms, VAR allgather ms] of the previous step (the timings
+# as minima over ranks, see sync.combine_control), and Adaptive's announce flag (1.0: rank 0 has
+# a new CR to announce, see adaptive.py).
 PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
 _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
-#: Sent in place of the first-collective ms when rank 0's index broadcast time is not a network
-#: time: under STAR a rank that is not the root waits in the broadcast while the root selects.
-BROADCAST_NOT_TIMED = -1.0
+#: Index of the announce flag among the control entries.
+ANNOUNCE_SLOT = 4
 
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
-#: float64 per rank; AR appends size + 3 + CONTROL_SLOTS values to the k values it allreduces.
+#: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
 
 
@@ -83,7 +86,7 @@ class FlexibleController:
         use; it matches what ``sync.py`` sends)."""
         vb, n = self.value_bytes, self.world_size
         return {"allgather": (vb + 4) * k + AG_EXTRA_BYTES, "broadcast": 4 * k,
-                "allreduce": self.reduce_value_bytes * (k + n + 3 + CONTROL_SLOTS)}
+                "allreduce": self.reduce_value_bytes * (k + ar_extra_entries(n))}
 
     def predict(self, cr: float) -> dict[str, float]:
         """Predicted ms of each path at compression ratio ``cr`` from the calibrated fits."""
@@ -170,16 +173,17 @@ class FlexibleController:
         self.path = path
         return path
 
-    def outgoing_control(self, path: str, timings_ms: tuple) -> tuple:
-        """The control entries this rank sends with its next step (only rank 0's are used)."""
-        return (PATH_CODES.get(path, 0.0), *timings_ms)[:CONTROL_SLOTS]
+    def outgoing_control(self, path: str, timings_ms: tuple, announce: bool = False) -> tuple:
+        """The control entries this rank sends with its next step (only rank 0's are used):
+        path code, the three timings (ms), the announce flag."""
+        timings = (tuple(timings_ms) + (0.0, 0.0, 0.0))[:3]
+        return (PATH_CODES.get(path, 0.0), *timings, 1.0 if announce else 0.0)
 
     def observe_step(self, control: list[float], cr: float) -> None:
-        """Feed rank 0's timings of the previous step (``control`` as received in the payload:
-        path code, first-collective ms, second-collective ms, VAR allgather ms). A first-collective
-        time of :data:`BROADCAST_NOT_TIMED` leaves the broadcast fit alone and counts the
-        broadcast at its predicted time in the drift check."""
-        code, t1, t2, t_var = (float(c) for c in control[:CONTROL_SLOTS])
+        """Feed the previous step's timings (``control`` as received in the payload: path code,
+        then the first-collective, second-collective and VAR allgather ms, each the minimum over
+        ranks) to the fits and the drift detector."""
+        code, t1, t2, t_var = (float(c) for c in control[:4])
         path = _PATH_OF_CODE.get(code)
         if path is None:
             return  # no previous step (first step after start or a probe)
@@ -189,10 +193,7 @@ class FlexibleController:
             self.model.observe("allgather", sizes["allgather"], t1)
             measured = t1
         else:
-            if t1 < 0.0:  # BROADCAST_NOT_TIMED: compare the rest, take the broadcast as predicted
-                t1 = self.model.predict_ms("broadcast", sizes["broadcast"])
-            else:
-                self.model.observe("broadcast", sizes["broadcast"], t1)
+            self.model.observe("broadcast", sizes["broadcast"], t1)
             self.model.observe("allreduce", sizes["allreduce"], t2)
             measured = t1 + t2
             if t_var > 0:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "solve_cr"]
+__all__ = ["Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "preload", "solve_cr"]
 
 _FIT_TOLERANCE = 0.25
 
@@ -109,6 +109,15 @@ class MooResult:
                 f"{hi[1]:.2f} ms / gain {hi[2]:.3f}; weights time {self.weights[0]:g} / gain "
                 f"{self.weights[1]:g}; curves: time {self.curves.get('time')}, gain "
                 f"{self.curves.get('gain')})")
+
+
+def preload() -> None:
+    """Import pymoo's modules now (about 2 s the first time): a controller calls this when it is
+    built, so the first solve in the background thread does not hold the interpreter for the
+    import while training runs."""
+    import pymoo.algorithms.moo.nsga2  # noqa: F401
+    import pymoo.decomposition.asf  # noqa: F401
+    import pymoo.optimize  # noqa: F401
 
 
 def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],

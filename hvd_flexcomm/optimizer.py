@@ -28,7 +28,7 @@ import torch
 from ._horovod import require_horovod
 from .compression import Adaptive, Dense, Flexible, TopkCompression
 from .control import allgather_object
-from .flexible import BROADCAST_NOT_TIMED
+from .flexible import ANNOUNCE_SLOT
 from .messages import GradMessage, build_messages
 from .sync import CONTROL_SLOTS, MessageOutcome, Pending, StepConfig, advance, finish, launch, wire_dtype
 
@@ -82,6 +82,7 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_routed_cr = None  # the CR the current path was decided for
         self._flex_sent_cr = None  # the CR of the step whose timings ride in _flex_control
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
+        self._flex_announce_flag = False  # Adaptive: rank 0's announce flag, as last received
         self._flex_probe_ms = 0.0  # probing time spent in the current step
         self.last_stats: dict = {}
         compressor = mode.compressor if isinstance(mode, Dense) else None
@@ -235,7 +236,8 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_probe_ms = 0.0
         if self._flex_adaptive is not None:
             self._flex_check_consistency()
-            self._flex_cr = self._flex_adaptive.cr_for_step(self._flex_step)
+            self._flex_cr = self._flex_adaptive.cr_for_step(self._flex_step,
+                                                            self._flex_announce_flag)
         if self._flex_controller is not None and self._flex_cr < 1.0:
             self._flex_check_consistency()
             self._flex_route()
@@ -287,20 +289,20 @@ class _FlexMethods(torch.optim.Optimizer):
             self._flex_routed_cr = cr
 
     def _flex_after_step(self, outcomes: list[MessageOutcome]) -> None:
-        """Flexible: learn from rank 0's previous-step timings (received in this step's payload,
-        identical on every rank) and decide the next step's path."""
+        """Flexible: learn from the previous step's timings (minima over ranks, received in this
+        step's payload, identical on every rank) and decide the next step's path."""
         ctrl, cr = self._flex_controller, self._flex_cr
         path = ctrl.path
+        # this rank's own times; the payload delivers each one's minimum over ranks (sync.py)
         timings = tuple(sum(o.timings_ms[i] for o in outcomes) for i in range(3))
-        if path == "allreduce" and ctrl.mode.selector == "star" and \
-                any(o.root != self.process_set.rank() for o in outcomes):
-            # STAR: a rank that is not the root enters the index broadcast while the root still
-            # selects its top-k, so its broadcast time holds the root's selection; say so
-            timings = (BROADCAST_NOT_TIMED, *timings[1:])
         received = outcomes[0].control if outcomes and outcomes[0].control else None
         if received and self._flex_sent_cr is not None:
-            ctrl.observe_step(received, self._flex_sent_cr)  # rank 0's previous step, at its CR
-        self._flex_control = ctrl.outgoing_control(path, timings)
+            ctrl.observe_step(received, self._flex_sent_cr)  # the previous step, at its CR
+        adaptive = self._flex_adaptive
+        if received and len(received) > ANNOUNCE_SLOT:
+            self._flex_announce_flag = received[ANNOUNCE_SLOT] > 0.5
+        self._flex_control = ctrl.outgoing_control(
+            path, timings, announce=adaptive is not None and adaptive.announce_ready())
         self._flex_sent_cr = cr
         self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
@@ -324,6 +326,7 @@ class _FlexMethods(torch.optim.Optimizer):
             "bytes_sent": sum(o.bytes_sent for o in outcomes),
             "compress_ms": 1e3 * sum(o.compress_s for o in outcomes),
             "comm_ms": 1e3 * sum(o.comm_s for o in outcomes),
+            "timings_ms": [sum(o.timings_ms[i] for o in outcomes) for i in range(3)],
             "gain": float(sum(w * o.gain for w, o in zip(weights, outcomes))),
             "skipped": skipped,
             "nonfinite_ranks": bad,
@@ -437,7 +440,9 @@ def DistributedOptimizer(
     Dense-only. After each synchronized step ``optimizer.last_stats`` describes it: ``step``,
     ``cr``, ``collective`` (``"allgather"``, ``"allreduce"`` or ``"dense"``), ``root_rank``,
     ``k`` (entries sent), ``bytes_sent`` (this rank's payload bytes), ``compress_ms``,
-    ``comm_ms``, ``gain`` (‖compressed‖² / ‖error-fed‖², a fraction), ``skipped`` (a non-finite
+    ``comm_ms``, ``timings_ms`` (top-k only: this rank's ms in the first collective, the second
+    one and VAR's norm allgather; each includes the wait for the last rank to enter it),
+    ``gain`` (‖compressed‖² / ‖error-fed‖², a fraction), ``skipped`` (a non-finite
     gradient on some rank: the step was skipped on every rank, residuals kept) and
     ``nonfinite_ranks``. Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms`` and
     ``probe_ms``.

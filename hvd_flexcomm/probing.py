@@ -2,8 +2,10 @@
 
 Every rank must call :func:`run_probes` with the same plan at the same point (the plan is a pure
 function of values all ranks share). Each probe is one Horovod op on a zero buffer of the given
-size, timed on every rank; the per-rank timings are then combined with one small allreduce (max:
-an operation is done when the slowest rank is done), so every rank ends with identical numbers.
+size, timed on every rank; the per-rank timings are then combined with one small allreduce (min:
+a rank's time of an operation is its wait for the last rank to enter plus the operation's own cost,
+and the last rank to enter waits for nobody -- the same rule as the step timings in ``sync.py``),
+so every rank ends with identical numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (after one untimed warm-up).
 
     ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
-    ``"allreduce"``. Returns ``[(kind, nbytes, ms), ...]`` with the max over ranks of each
+    ``"allreduce"``. Returns ``[(kind, nbytes, ms), ...]`` with the min over ranks of each
     timing, identical on every rank.
     """
     kw = {} if process_set is None else {"process_set": process_set}
@@ -46,6 +48,6 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
                 timings.append(1e3 * (time.perf_counter() - t0))
     if not timings:
         return []
-    worst = hvd.allreduce(torch.tensor(timings, dtype=torch.float64), op=hvd.Max,
-                          name=f"hvd_flexcomm.{tag}.timings", **kw)
-    return [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, worst.tolist())]
+    own = hvd.allreduce(torch.tensor(timings, dtype=torch.float64), op=hvd.Min,
+                        name=f"hvd_flexcomm.{tag}.timings", **kw)
+    return [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, own.tolist())]

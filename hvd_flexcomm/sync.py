@@ -14,11 +14,17 @@ Metadata rides inside the payloads, never in extra round trips:
 
 - AG-Topk packs, per rank, ``[sq_sent, sq_total, nonfinite, control...]`` (float64) + k values + k int32
   indices as raw bytes into one ``uint8`` allgather, so every dtype works and one op is submitted;
-- AR-Topk appends ``N + 1 + CONTROL_SLOTS`` entries to the k values it allreduces: a one-hot
-  "non-finite" flag per rank, the rank's gain, and control entries that only rank 0 fills, so
-  every rank learns whether any rank saw NaN/Inf, the mean gain, and rank 0's control entries.
-- The control entries (``CONTROL_SLOTS`` numbers, rank 0's) carry what Flexible routing needs to
-  stay identical on every rank: rank 0's timings of its previous step (see ``flexible.py``).
+- AR-Topk appends :func:`ar_extra_entries` entries to the k values it allreduces: a one-hot
+  "non-finite" flag per rank, the rank's gain, the agreement hash, control entries that only
+  rank 0 fills and three timing slots per rank that only that rank fills, so every rank learns
+  whether any rank saw NaN/Inf, the mean gain, rank 0's control entries and every rank's timings.
+- The control entries (``CONTROL_SLOTS`` numbers) carry what Flexible routing needs to stay
+  identical on every rank: the path code and Adaptive's "a new CR is ready to announce" flag
+  (rank 0's, see ``adaptive.py``), and the previous step's collective times (ms), **the minimum
+  over ranks** of each (:data:`TIMING_SLOTS`). Every rank's time of a collective is the wait for
+  the last rank to enter it plus the collective's own cost; the last rank to enter waits for
+  nobody, so the minimum is the collective's own cost (the STAR root, which enters the index
+  broadcast after its selection while the others wait, gives the broadcast's).
 
 If any rank's error-fed gradient is non-finite, every rank learns it from the same collective and
 the step is skipped consistently: the residuals keep their previous values (the error-fed buffer is a
@@ -38,14 +44,33 @@ from .messages import GradMessage
 from .selectors import star_root, var_root
 from .topk import k_for, select_topk
 
-__all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish", "wire_dtype"]
+__all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish", "wire_dtype",
+           "ar_extra_entries", "combine_control", "CONTROL_SLOTS", "TIMING_SLOTS"]
 
-#: Control entries (Flexible's shared timings) carried in every top-k payload; rank 0's count.
-CONTROL_SLOTS = 4
+#: Control entries carried in every top-k payload: [path code, first-collective ms,
+#: second-collective ms, VAR allgather ms, announce flag] (see flexible.py).
+CONTROL_SLOTS = 5
+#: The control entries that hold timings: delivered as the minimum over ranks (the others: rank 0's).
+TIMING_SLOTS = (1, 2, 3)
 #: float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite, agreement, control...
 _EXTRA_AG = 4 + CONTROL_SLOTS
-#: AR payload: per-rank one-hot flags (size), gain, agreement h and h², control (CONTROL_SLOTS)
+#: AR payload: per-rank one-hot flags (size), gain, agreement h and h², control (CONTROL_SLOTS),
+#: then len(TIMING_SLOTS) timings per rank
 _EXTRA_AR_FIXED = 3 + CONTROL_SLOTS
+
+
+def ar_extra_entries(size: int) -> int:
+    """Entries AR-Topk appends to its k values for ``size`` ranks (see the module docstring)."""
+    return size + _EXTRA_AR_FIXED + len(TIMING_SLOTS) * size
+
+
+def combine_control(per_rank: torch.Tensor) -> list:
+    """The delivered control entries from every rank's (rows: ranks, columns: CONTROL_SLOTS):
+    rank 0's entries, with each timing slot replaced by its minimum over ranks."""
+    out = per_rank[0].clone()
+    for slot in TIMING_SLOTS:
+        out[slot] = per_rank[:, slot].min()
+    return out.tolist()
 _F64 = torch.float64
 #: Reduction dtypes for values Horovod's CPU allreduce cannot sum: bfloat16 travels as float32
 #: (twice the bytes, and the sum is exact to float32; the result is cast back).
@@ -73,7 +98,7 @@ class StepConfig:
     predivide: float = 1.0
     process_set: Any = None
     hvd: Any = None  # the horovod.torch module
-    control: tuple = (0.0,) * CONTROL_SLOTS  # sent by rank 0 to everyone (see flexible.py)
+    control: tuple = (0.0,) * CONTROL_SLOTS  # this rank's entries (see combine_control)
     agreement: int = 0  # hash of (settings, step, CR, path); must be equal on every rank
 
 
@@ -113,7 +138,7 @@ class MessageOutcome:
     bytes_sent: int = 0
     compress_s: float = 0.0
     comm_s: float = 0.0
-    control: list = field(default_factory=list)  # rank 0's control entries, as received
+    control: list = field(default_factory=list)  # as received: see combine_control
     timings_ms: tuple = (0.0, 0.0, 0.0)  # this rank's (first, second, VAR) collective times
 
 
@@ -232,14 +257,18 @@ def advance(pending: Pending) -> None:
     values = values.to(wire_dtype(values.dtype))
     if cfg.average and cfg.predivide != 1.0:
         values = values * (1.0 / cfg.predivide)
-    extras = torch.zeros(cfg.size + _EXTRA_AR_FIXED, dtype=values.dtype)
+    extras = torch.zeros(ar_extra_entries(cfg.size), dtype=values.dtype)
     extras[cfg.rank] = 1.0 if pending.nonfinite_local else 0.0
     extras[cfg.size] = local_gain
     h = _small_hash(cfg.agreement, cfg.size, values.dtype) or 0
     extras[cfg.size + 1] = float(h)
     extras[cfg.size + 2] = float(h * h)
+    control = torch.tensor(cfg.control, dtype=values.dtype)
+    base = cfg.size + _EXTRA_AR_FIXED
     if cfg.rank == 0:  # the sum delivers rank 0's control entries to everyone
-        extras[cfg.size + 3:] = torch.tensor(cfg.control, dtype=values.dtype)
+        extras[cfg.size + 3:base] = control
+    n_t = len(TIMING_SLOTS)  # and every rank's timings, each in its own slots
+    extras[base + n_t * cfg.rank: base + n_t * (cfg.rank + 1)] = control[list(TIMING_SLOTS)]
     payload = torch.cat([values, extras])
     pending.bytes_sent += payload.numel() * payload.element_size()
     pending.phase = "reducing"
@@ -300,7 +329,7 @@ def finish(pending: Pending) -> MessageOutcome:
         values = _field(rows, start, start + value_bytes, msg.dtype)
         indices = _field(rows, start + value_bytes, rows.shape[1], torch.int32)
         flags = extras[:, 2]
-        outcome.control = extras[0, 4:].tolist()
+        outcome.control = combine_control(extras[:, 4:])
         hashes = extras[:, 3]
         if bool((hashes != hashes[0]).any()):
             _disagree(cfg, [int(h) for h in hashes.tolist()])
@@ -318,7 +347,10 @@ def finish(pending: Pending) -> MessageOutcome:
     else:
         values, flags, gain_sum = output[:k], output[k:k + size], output[k + size]
         h_sum, h2_sum = float(output[k + size + 1]), float(output[k + size + 2])
-        outcome.control = output[k + size + 3:].tolist()
+        base = k + size + _EXTRA_AR_FIXED
+        per_rank = output[k + size + 3:base].double().repeat(size, 1)
+        per_rank[:, list(TIMING_SLOTS)] = output[base:].double().view(size, len(TIMING_SLOTS))
+        outcome.control = combine_control(per_rank)
         # all h equal  <=>  (Σh)² == N·Σh²  (Cauchy-Schwarz); exact: small integers
         if _small_hash(cfg.agreement, size, output.dtype) is not None and h_sum * h_sum != size * h2_sum:
             _disagree(cfg, None)

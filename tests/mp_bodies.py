@@ -381,6 +381,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     state = opt.state_dict()["hvd_flexcomm"]["adaptive"]
     return {"crs": crs, "paths": paths, "crs_agree": bool((everyone == everyone[0]).all()),
             "channel": ctrl.channel, "changes": ctrl.changes, "solves": len(solves),
+            "submitted": len(ctrl.solves), "announcements": ctrl.n_announcements,
             "solve_s": [s["end"] - s["start"] for s in solves],
             "steps_during_solves": steps_during, "failed": ctrl.failed,
             "state_has_gains": state["gains"]["smoothed"] is not None if hvd.rank() == 0 else None,

@@ -162,3 +162,24 @@ def test_solver_failures_are_contained(caplog):
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         Adaptive(**kwargs)
+
+
+def test_announcements_run_only_when_rank0_flags_a_finished_solve():
+    """Broadcasts happen at multiples of ``sync_every`` and only with the announce flag set (the
+    channel is replaced by a recorder here; the multi-process tests use the real one)."""
+    ctrl, _ = _controller(sync_every=5, n_gen=5, pop_size=8)
+    sent = []
+    ctrl._broadcast = lambda obj: sent.append(obj) or obj
+    assert not ctrl.announce_ready()  # nothing submitted yet
+    for step in range(12):
+        assert ctrl.cr_for_step(step, announce_flag=False) == 0.1
+    assert sent == [] and ctrl.n_announcements == 0
+    ctrl.observe(12, torch.randn(20_000, generator=torch.Generator().manual_seed(2)))
+    ctrl._future.result(timeout=60)
+    assert ctrl.announce_ready()
+    assert ctrl.cr_for_step(14, announce_flag=True) == 0.1  # not a multiple of sync_every
+    new_cr = ctrl.cr_for_step(15, announce_flag=True)
+    assert len(sent) == 1 and sent[0] == new_cr and ctrl.n_announcements == 1
+    assert ctrl.changes == ([(15, new_cr)] if new_cr != 0.1 else [])
+    assert not ctrl.announce_ready()  # the result was consumed by the announcement
+    ctrl.close()

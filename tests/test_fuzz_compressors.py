@@ -26,7 +26,7 @@ import hvd_flexcomm.sync as sync_mod
 from hvd_flexcomm.error_feedback import commit_residual, squared_norm
 from hvd_flexcomm.messages import GradMessage, build_messages
 from hvd_flexcomm.selectors import star_root, var_root
-from hvd_flexcomm.sync import CONTROL_SLOTS, StepConfig, advance, finish, launch
+from hvd_flexcomm.sync import CONTROL_SLOTS, TIMING_SLOTS, StepConfig, advance, finish, launch
 from hvd_flexcomm.topk import _EXACT_BELOW, TopkWorkspace, k_for, select_topk
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -442,9 +442,18 @@ class _RankHvd:
         return self.world.wait(handle)
 
 
-def _control(rank: int) -> tuple:
-    # distinct per rank and exactly representable in every dtype: only rank 0's must arrive
-    return tuple(float(rank * 8 + i + 1) * 0.5 for i in range(CONTROL_SLOTS))
+def _control(rank: int, size: int = 4) -> tuple:
+    # distinct per rank and exactly representable in every dtype; the timing slots shrink with
+    # the rank for some slots and grow for others, so a min over ranks differs from rank 0's
+    return tuple(float((size - rank) if i in (1, 3) else (rank * 8 + i + 1)) * 0.5
+                 for i in range(CONTROL_SLOTS))
+
+
+def _delivered(size: int) -> list:
+    """What every rank must receive: rank 0's entries, each timing slot's minimum over ranks."""
+    rows = [_control(r, size) for r in range(size)]
+    return [min(row[i] for row in rows) if i in TIMING_SLOTS else rows[0][i]
+            for i in range(CONTROL_SLOTS)]
 
 
 def _run_ranks(world: _World, fn, collect: bool = False) -> list:
@@ -488,7 +497,7 @@ def _step(world: _World, msgs: list, step: int, path: str, selector: str, cr: fl
     def one_rank(r):
         cfg = StepConfig(step=step, rank=r, size=world.size, cr=cr, path=path, selector=selector,
                          average=average, predivide=predivide, hvd=_RankHvd(world, r),
-                         control=_control(r), agreement=agreements[r] if agreements else 0)
+                         control=_control(r, world.size), agreement=agreements[r] if agreements else 0)
         pending = launch(msgs[r], cfg)
         fed[r] = pending.error_fed.clone()
         advance(pending)
@@ -530,7 +539,7 @@ def _simulate(size: int, path: str, selector: str, dtype: torch.dtype, shapes: l
             assert _same(o.result, outcomes[0].result), "ranks received different gradients"
             assert 0.0 <= o.gain <= 1.0
             if path != "dense":
-                assert [float(c) for c in o.control] == list(_control(0))
+                assert [float(c) for c in o.control] == _delivered(len(outcomes))
             if path == "allgather":
                 assert o.bytes_sent == _HEAD + k * (fed[0].element_size() + 4)
         if nonfinite:
