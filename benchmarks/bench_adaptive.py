@@ -6,6 +6,7 @@ an emulated constrained network (root only).
     python benchmarks/bench_adaptive.py --n 2 --rate-mbit 50 --delay-ms 10 --methods dense adaptive
     python benchmarks/bench_adaptive.py --methods dense ar:0.1 adaptive adaptive:150   # warm-up 150
     python benchmarks/bench_adaptive.py --render results/adaptive/adaptive.json   # tables/plots only
+    python benchmarks/bench_adaptive.py --seeds 42 43 44 --methods dense ag:0.01 adaptive:0
 
 Setting: N ranks (``--n``, default 4), one per network namespace of the emulator
 (``hvd_flexcomm.netem``), every link ``--delay-ms`` one way (default 5) and ``--rate-mbit``
@@ -44,6 +45,14 @@ fixed-CR run (AG/AR/Flexible) and Dense; its final accuracy is never more than 1
 time budget), evaluation every 10 steps, Dense / AR-Topk 0.01 / Flexible 0.01 / Adaptive with a
 10-step warm-up: a smoke test of the whole pipeline, its numbers mean little.
 
+``--seeds S1 S2 ...``: the whole procedure once per seed (initial weights and data order; each
+seed has its own Dense run, target and budget), each under ``--out``/``seed<S>/``, then
+``seeds.md`` / ``seeds.json`` / ``seeds_tta.png`` under ``--out``: every method's time to target
+per seed, its median over seeds (a method that missed the target counts as slower than any that
+reached it), and the targets judged on the medians and seed by seed. Test accuracy swings by
+several points between evaluations at this learning rate, so one seed's times to target carry
+noise of the order of the differences between methods.
+
 Writes ``adaptive.json`` (everything, including every step's CR, collective and timings),
 ``adaptive.md`` (the table), ``accuracy_vs_time.png`` (accuracy vs training time, every method)
 and ``adaptive_cr.png`` (Adaptive's CR and collective per step, Flexible's for comparison) under
@@ -55,7 +64,9 @@ rank, so step times carry noise; the load average at start and end is recorded.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -414,6 +425,124 @@ def write_outputs(result: dict[str, Any], out: str) -> None:
     print(md)
 
 
+# -- several seeds ---------------------------------------------------------------------------------
+
+
+def _tta_key(t: Optional[float]) -> float:
+    """Order of times to target: a miss is slower than any time."""
+    return math.inf if t is None else t
+
+
+def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method: time to target and final accuracy (vs Dense) per seed and their medians; the
+    Adaptive targets judged on the medians and seed by seed."""
+    names = [r["name"] for r in results[0]["rows"]]
+    methods = []
+    for name in names:
+        rows = [next((r for r in res["rows"] if r["name"] == name), None) for res in results]
+        ttas = [None if r is None else r["time_to_target_s"] for r in rows]
+        median = statistics.median(_tta_key(t) for t in ttas)
+        methods.append({
+            "name": name, "kind": next(r["kind"] for r in rows if r is not None),
+            "tta_s": ttas, "median_tta_s": None if math.isinf(median) else median,
+            "reached": sum(t is not None for t in ttas),
+            "delta_vs_dense_pts": [None if r is None else r["delta_vs_dense_pts"] for r in rows],
+            "mean_step_ms": [None if r is None else r["mean_step_ms"] for r in rows],
+        })
+    out: dict[str, Any] = {"seeds": [res["settings"]["seed"] for res in results], "methods": methods}
+    for ada in (m for m in methods if m["kind"] == "adaptive"):
+        others = [m for m in methods if m["kind"] != "adaptive"]
+        t_ada = _tta_key(ada["median_tta_s"])
+        best = min(others, key=lambda m: _tta_key(m["median_tta_s"]), default=None)
+        per_seed = [all(_tta_key(a) < _tta_key(m["tta_s"][i]) for m in others)
+                    for i, a in enumerate(ada["tta_s"])]
+        out.setdefault("adaptive", {})[ada["name"]] = {
+            "median_faster_than_all": all(t_ada < _tta_key(m["median_tta_s"]) for m in others),
+            "median_ratio_vs_best_other": (None if best is None or best["median_tta_s"] is None
+                                           or math.isinf(t_ada) else t_ada / best["median_tta_s"]),
+            "best_other": None if best is None else best["name"],
+            "seeds_faster_than_all": sum(per_seed),
+            "within_1pt_every_seed": all(d is not None and d >= -1.0
+                                         for d in ada["delta_vs_dense_pts"]),
+        }
+    return out
+
+
+def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    seeds = summary["seeds"]
+    s = results[0]["settings"]
+    lines = [f"# Adaptive CR over {len(seeds)} seeds: time to Dense accuracy - "
+             f"{100 * s['target_drop']:g} point", "",
+             f"N = {s['n']}, {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way; {s['model_name']}; "
+             f"seeds {', '.join(map(str, seeds))} (initial weights and data order; each seed has "
+             "its own Dense run, target and time budget, see `seed<S>/adaptive.md`). Times in s of "
+             "training clock; `-` = target not reached within the budget (counted as slower than "
+             "any time when taking medians).", "",
+             "| method | " + " | ".join(f"seed {x} (s)" for x in seeds)
+             + " | median (s) | reached | final acc vs Dense (pts) | mean step (ms) |",
+             "|---|" + "---:|" * len(seeds) + "---:|---:|---|---|"]
+    for m in summary["methods"]:
+        lines.append(
+            f"| {m['name']} | " + " | ".join(_fmt_s(t).replace("not reached", "-") for t in m["tta_s"])
+            + f" | {_fmt_s(m['median_tta_s']).replace('not reached', '-')} | {m['reached']}/{len(seeds)}"
+            + " | " + ", ".join("-" if d is None else f"{d:+.2f}" for d in m["delta_vs_dense_pts"])
+            + " | " + ", ".join("-" if x is None else f"{x:.0f}" for x in m["mean_step_ms"]) + " |")
+    for name, a in summary.get("adaptive", {}).items():
+        ratio = a["median_ratio_vs_best_other"]
+        lines += ["", f"{name} (reported, not asserted):",
+                  f"- median time to target below every other method's median: "
+                  f"**{'met' if a['median_faster_than_all'] else 'not met'}**"
+                  + ("" if ratio is None else f" (ratio to the best other, {a['best_other']}: "
+                                              f"{ratio:.2f})"),
+                  f"- fastest of all methods in {a['seeds_faster_than_all']}/{len(seeds)} seeds",
+                  f"- final accuracy >= Dense - 1 point in every seed: "
+                  f"**{'met' if a['within_1pt_every_seed'] else 'not met'}**"]
+    return "\n".join(lines) + "\n"
+
+
+def seeds_plot(summary: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods, seeds = summary["methods"], summary["seeds"]
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    width = 0.8 / len(seeds)
+    budget = max((t for m in methods for t in m["tta_s"] if t is not None), default=1.0) * 1.1
+    for j, seed in enumerate(seeds):
+        xs = [i + (j - (len(seeds) - 1) / 2) * width for i in range(len(methods))]
+        ys = [budget if m["tta_s"][j] is None else m["tta_s"][j] for m in methods]
+        bars = ax.bar(xs, ys, width, label=f"seed {seed}")
+        for bar, m in zip(bars, methods):
+            if m["tta_s"][j] is None:
+                bar.set_hatch("//")
+                bar.set_alpha(0.35)
+    for i, m in enumerate(methods):
+        if m["median_tta_s"] is not None:
+            ax.plot([i - 0.45, i + 0.45], [m["median_tta_s"]] * 2, color="black", lw=2)
+    ax.set_xticks(range(len(methods)))
+    ax.set_xticklabels([m["name"] for m in methods], rotation=20, ha="right")
+    ax.set_ylabel("time to target (s of training); hatched: not reached")
+    ax.set_title("Time to Dense accuracy - 1 point, per seed (black: median)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_seed_summary(results: list[dict[str, Any]], out: str) -> dict[str, Any]:
+    summary = seed_summary(results)
+    with open(os.path.join(out, "seeds.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    md = seeds_markdown(summary, results)
+    with open(os.path.join(out, "seeds.md"), "w") as fh:
+        fh.write(md)
+    seeds_plot(summary, os.path.join(out, "seeds_tta.png"))
+    print(md)
+    return summary
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -445,14 +574,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--lr", type=float, default=0.01, help="per rank (scaled by N)")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--seeds", type=int, nargs="+", help="run once per seed and summarise (see above)")
     ap.add_argument("--hidden", type=int, default=None, help="MLP width (default 768; --quick: 256)")
     ap.add_argument("--depth", type=int, default=MODEL["depth"], help="MLP hidden layers")
     ap.add_argument("--timeout-s", type=float, default=None, help="job timeout (default 45 min; "
                     "--quick: 240 s)")
     ap.add_argument("--out", default=os.path.join(REPO, "results", "adaptive"))
     ap.add_argument("--render", metavar="JSON", help="re-render the table and plots of a saved run")
+    ap.add_argument("--render-seeds", metavar="DIR", help="re-render the summary of a --seeds run")
     args = ap.parse_args(argv)
 
+    if args.render_seeds:
+        found = sorted(glob.glob(os.path.join(args.render_seeds, "seed*", "adaptive.json")))
+        if not found:
+            ap.error(f"no seed*/adaptive.json under {args.render_seeds!r}")
+        loaded = []
+        for path in found:
+            with open(path) as fh:
+                loaded.append(json.load(fh))
+        write_seed_summary(loaded, args.render_seeds)
+        return 0
     if args.render:
         with open(args.render) as fh:
             result = json.load(fh)
@@ -503,20 +644,29 @@ def main(argv: Optional[list[str]] = None) -> int:
             "dense_steps": dense_steps, "time_factor": time_factor,
             "step_factor": step_factor, "target_drop": args.target_drop,
             "eval_every": eval_every}
-    os.makedirs(args.out, exist_ok=True)
-    load0 = os.getloadavg()
-    t0 = time.monotonic()
-    print(f"[bench_adaptive] N={n}, {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms; "
-          f"{settings['model_name']} ({params:,} parameters); Dense {dense_steps} steps; methods "
-          f"{', '.join(m['name'] for m in methods)}; load average {load0[0]:.2f}", flush=True)
-    records, link, error = run_job(n, args.rate_mbit, args.delay_ms, plan, timeout_s,
-                                   os.path.join(args.out, "job.log"), check_link=not quick)
-    load1 = os.getloadavg()
-    if error:
-        print(f"[bench_adaptive] {error}", file=sys.stderr)
-    result = build_result(records, settings, link, load0, load1, time.monotonic() - t0, error)
-    write_outputs(result, args.out)
-    return 1 if error else 0
+    seeds = args.seeds or [args.seed]
+    results, failed = [], False
+    for seed in seeds:
+        out = args.out if args.seeds is None else os.path.join(args.out, f"seed{seed}")
+        os.makedirs(out, exist_ok=True)
+        load0 = os.getloadavg()
+        t0 = time.monotonic()
+        print(f"[bench_adaptive] seed {seed}: N={n}, {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms; "
+              f"{settings['model_name']} ({params:,} parameters); Dense {dense_steps} steps; methods "
+              f"{', '.join(m['name'] for m in methods)}; load average {load0[0]:.2f}", flush=True)
+        records, link, error = run_job(n, args.rate_mbit, args.delay_ms, {**plan, "seed": seed},
+                                       timeout_s, os.path.join(out, "job.log"), check_link=not quick)
+        load1 = os.getloadavg()
+        if error:
+            print(f"[bench_adaptive] {error}", file=sys.stderr)
+            failed = True
+        result = build_result(records, {**settings, "seed": seed}, link, load0, load1,
+                              time.monotonic() - t0, error)
+        write_outputs(result, out)
+        results.append(result)
+    if args.seeds is not None:
+        write_seed_summary(results, args.out)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -119,7 +119,9 @@ def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any])
     changes = meta["change_steps"]
     result = analyse(records, changes)
     with open(os.path.join(out, "change.json"), "w") as fh:
-        json.dump({"meta": meta, "changes": result, "records": records}, fh, indent=1)
+        json.dump({"meta": meta, "changes": result,
+                   "probe_share": probe_share([r for r in records if r.get("kind") == "step"]),
+                   "records": records}, fh, indent=1)
     if any(r.get("kind") == "step" for r in records):
         plot(records, changes, os.path.join(out, "change.png"),
              f"Flexible(cr={meta['cr']:g}), N={meta['n']}, {meta['numel']} entries")
@@ -143,7 +145,24 @@ def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[
                          f"steps {seg['probe_steps']}")
     lines.append(f"- steps recorded: {len(steps)}; probing steps overall: "
                  f"{[r['step'] for r in steps if r.get('probe_ms')]}")
+    share = probe_share(steps)
+    if share is not None:
+        lines.append(f"- probing: {share['probe_ms']:.0f} ms of {share['wall_ms']:.0f} ms of steps "
+                     f"({100 * share['share']:.1f}%; without the start-up probe "
+                     f"{100 * share['share_after_start']:.1f}%)")
     return lines
+
+
+def probe_share(steps: list[dict[str, Any]]) -> Optional[dict[str, float]]:
+    """Probing ms / rank 0's ``opt.step()`` wall ms summed over the steps (fractions), overall and
+    without the first step's (start-up) probe."""
+    wall = sum(r.get("wall_ms") or 0.0 for r in steps)
+    if not steps or wall <= 0:
+        return None
+    probe = sum(r.get("probe_ms") or 0.0 for r in steps)
+    first = min(steps, key=lambda r: r["step"]).get("probe_ms") or 0.0
+    return {"probe_ms": probe, "wall_ms": wall, "share": probe / wall,
+            "share_after_start": (probe - first) / wall}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

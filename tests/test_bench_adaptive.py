@@ -57,3 +57,36 @@ def test_quick_benchmark_end_to_end(tmp_path):
         assert len(crs) == rec["steps"] and crs[0] == 1.0, crs[:5]
         assert all(c_low <= c <= 1.0 for c in crs), sorted(set(crs))
         assert len(rec["per_step"]["collective"]) == len(crs)
+
+
+def _seed_result(seed: int, times: dict) -> dict:
+    rows = [{"name": name, "kind": kind, "time_to_target_s": t, "delta_vs_dense_pts": d,
+             "mean_step_ms": 100.0} for name, (kind, t, d) in times.items()]
+    return {"settings": {"seed": seed, "target_drop": 0.01, "n": 4, "rate_mbit": 100.0,
+                         "delay_ms": 5.0, "model_name": "MLP"}, "rows": rows}
+
+
+def test_seed_summary_takes_medians_with_misses_counted_slowest():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    results = [
+        _seed_result(1, {"Dense": ("dense", 90.0, 0.0), "AG-Topk 0.01": ("ag", 50.0, 1.0),
+                         "Adaptive": ("adaptive", 40.0, 0.5)}),
+        _seed_result(2, {"Dense": ("dense", 95.0, 0.0), "AG-Topk 0.01": ("ag", 60.0, 1.0),
+                         "Adaptive": ("adaptive", None, -0.5)}),
+        _seed_result(3, {"Dense": ("dense", None, 0.0), "AG-Topk 0.01": ("ag", 44.0, 1.0),
+                         "Adaptive": ("adaptive", 45.0, -1.5)}),
+    ]
+    summary = bench.seed_summary(results)
+    by_name = {m["name"]: m for m in summary["methods"]}
+    assert by_name["Adaptive"]["median_tta_s"] == 45.0  # median of (40, miss, 45)
+    assert by_name["AG-Topk 0.01"]["median_tta_s"] == 50.0
+    assert by_name["Dense"]["median_tta_s"] == 95.0 and by_name["Dense"]["reached"] == 2
+    verdict = summary["adaptive"]["Adaptive"]
+    assert verdict["median_faster_than_all"] and verdict["best_other"] == "AG-Topk 0.01"
+    assert verdict["median_ratio_vs_best_other"] == 45.0 / 50.0
+    assert verdict["seeds_faster_than_all"] == 1  # seed 1 only (a miss; 45 > 44)
+    assert not verdict["within_1pt_every_seed"]  # seed 3 ended 1.5 points below Dense
+    md = bench.seeds_markdown(summary, results)
+    assert "| Adaptive | 40.0 | - | 45.0 | 45.0 | 2/3 |" in md
