@@ -154,8 +154,7 @@ def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "choice_is_best_share": sum(r["choice_is_best"] for r in rows) / len(rows),
         "wall_within_5pct_share": sum(r["wall_ratio"] <= TARGET_RATIO for r in rows) / len(rows),
         "median_flex_ratio": _median([r["flex_ratio"] for r in rows]),
-        "rank0_within_5pct_share": (sum(r["rank0_ratio"] <= TARGET_RATIO for r in rows if "rank0_ratio" in r)
-                                    / len(rows)),
+        "rank0_within_5pct_share": sum(r["rank0_ratio"] <= TARGET_RATIO for r in rows) / len(rows),
         "choice_regret_within_5pct_share": sum(r["choice_regret"] <= TARGET_RATIO for r in rows)
         / len(rows),
         "same_path_cells": len(same),
@@ -203,8 +202,8 @@ def markdown(rows: list[dict[str, Any]], acc: dict[str, Any], meta: dict[str, An
             f"| {r['N']} | {r['latency_ms']:g} ms | {rate} | {r['cr']:g} | {_f(r['ag_ms'])} | "
             f"{_f(r['ar_ms'])} | {_f(r['flex_ms'])} | {short}{mark} | {_f(r['flex_ratio'], 2)} | "
             f"{_f(r['pred_ag_ms'])} | {_f(r['pred_ar_ms'])} | {_f(100 * r['err_ag'], 0)}% | "
-            f"{_f(100 * r['err_ar'], 0)}% | {_f(r.get('rank0_ag_ms'), 0)}/{_f(r.get('rank0_ar_ms'), 0)}/"
-            f"{_f(r.get('rank0_flex_ms'), 0)} ({_f(r.get('rank0_ratio'), 2)}) | "
+            f"{_f(100 * r['err_ar'], 0)}% | {_f(r['rank0_ag_ms'], 0)}/{_f(r['rank0_ar_ms'], 0)}/"
+            f"{_f(r['rank0_flex_ms'], 0)} ({_f(r['rank0_ratio'], 2)}) | "
             f"{_f(r['wall_ag_ms'], 0)}/{_f(r['wall_ar_ms'], 0)}/"
             f"{_f(r['wall_flex_ms'], 0)} |")
     if acc:
@@ -229,7 +228,7 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
         f"- routing alone (the fixed-path time of the path Flexible chose <= 1.05 x the better "
         f"one): {100 * acc['choice_regret_within_5pct_share']:.0f}% of cells",
         f"- with rank 0's own comm ms instead (waits for slower ranks included): Flexible <= 1.05 x "
-        f"min(AG, AR) in {100 * acc.get('rank0_within_5pct_share', float('nan')):.0f}% of cells",
+        f"min(AG, AR) in {100 * acc['rank0_within_5pct_share']:.0f}% of cells",
     ]
     if acc.get("same_path_cells"):
         out.append(

@@ -4,7 +4,8 @@
 and feeds it exactly the same numbers, so every rank computes the same path for the same step
 without a decision broadcast:
 
-- probe timings are max-reduced over ranks (:func:`hvd_flexcomm.probing.run_probes`);
+- probe timings are min-reduced over ranks (:func:`hvd_flexcomm.probing.run_probes`), by the same
+  rule as the step timings below;
 - step timings are each collective's **minimum over ranks** (the time of the last rank to enter
   it: the collective's own cost, without the wait for slower ranks' top-k), delivered to every
   rank inside the next step's own payload (the control entries of :mod:`hvd_flexcomm.sync`), so
@@ -25,10 +26,10 @@ from typing import Any, Optional
 from .calibration import CollectiveCostModel, DriftDetector
 from .compression import Flexible
 from .routing import PATHS, Router
-from .sync import CONTROL_SLOTS, ar_extra_entries
+from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
 from .topk import k_for
 
-__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES", "ANNOUNCE_SLOT"]
+__all__ = ["FlexibleController", "CONTROL_SLOTS", "PATH_CODES"]
 
 log = logging.getLogger("hvd_flexcomm.flexible")
 
@@ -38,8 +39,6 @@ log = logging.getLogger("hvd_flexcomm.flexible")
 # a new CR to announce, see adaptive.py).
 PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
 _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
-#: Index of the announce flag among the control entries.
-ANNOUNCE_SLOT = 4
 
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
@@ -174,16 +173,22 @@ class FlexibleController:
         return path
 
     def outgoing_control(self, path: str, timings_ms: tuple, announce: bool = False) -> tuple:
-        """The control entries this rank sends with its next step (only rank 0's are used):
-        path code, the three timings (ms), the announce flag."""
-        timings = (tuple(timings_ms) + (0.0, 0.0, 0.0))[:3]
-        return (PATH_CODES.get(path, 0.0), *timings, 1.0 if announce else 0.0)
+        """The control entries this rank sends with its next step: the path code and the announce
+        flag (rank 0's are delivered) and this rank's (first, second, VAR) collective ms (their
+        minima over ranks are delivered)."""
+        entries = [0.0] * CONTROL_SLOTS
+        entries[PATH_SLOT] = PATH_CODES.get(path, 0.0)
+        for slot, ms in zip(TIMING_SLOTS, timings_ms, strict=True):
+            entries[slot] = float(ms)
+        entries[ANNOUNCE_SLOT] = 1.0 if announce else 0.0
+        return tuple(entries)
 
     def observe_step(self, control: list[float], cr: float) -> None:
         """Feed the previous step's timings (``control`` as received in the payload: path code,
         then the first-collective, second-collective and VAR allgather ms, each the minimum over
         ranks) to the fits and the drift detector."""
-        code, t1, t2, t_var = (float(c) for c in control[:4])
+        code = float(control[PATH_SLOT])
+        t1, t2, t_var = (float(control[slot]) for slot in TIMING_SLOTS)
         path = _PATH_OF_CODE.get(code)
         if path is None:
             return  # no previous step (first step after start or a probe)

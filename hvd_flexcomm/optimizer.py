@@ -28,9 +28,18 @@ import torch
 from ._horovod import require_horovod
 from .compression import Adaptive, Dense, Flexible, TopkCompression
 from .control import allgather_object
-from .flexible import ANNOUNCE_SLOT
 from .messages import GradMessage, build_messages
-from .sync import CONTROL_SLOTS, MessageOutcome, Pending, StepConfig, advance, finish, launch, wire_dtype
+from .sync import (
+    ANNOUNCE_SLOT,
+    CONTROL_SLOTS,
+    MessageOutcome,
+    Pending,
+    StepConfig,
+    advance,
+    finish,
+    launch,
+    wire_dtype,
+)
 
 __all__ = ["DistributedOptimizer"]
 
@@ -293,13 +302,14 @@ class _FlexMethods(torch.optim.Optimizer):
         step's payload, identical on every rank) and decide the next step's path."""
         ctrl, cr = self._flex_controller, self._flex_cr
         path = ctrl.path
-        # this rank's own times; the payload delivers each one's minimum over ranks (sync.py)
-        timings = tuple(sum(o.timings_ms[i] for o in outcomes) for i in range(3))
+        # this rank's own times (from _flex_record); the payload delivers each one's minimum over
+        # ranks (sync.py)
+        timings = tuple(self.last_stats["timings_ms"])
         received = outcomes[0].control if outcomes and outcomes[0].control else None
         if received and self._flex_sent_cr is not None:
             ctrl.observe_step(received, self._flex_sent_cr)  # the previous step, at its CR
         adaptive = self._flex_adaptive
-        if received and len(received) > ANNOUNCE_SLOT:
+        if received:
             self._flex_announce_flag = received[ANNOUNCE_SLOT] > 0.5
         self._flex_control = ctrl.outgoing_control(
             path, timings, announce=adaptive is not None and adaptive.announce_ready())

@@ -45,13 +45,18 @@ from .selectors import star_root, var_root
 from .topk import k_for, select_topk
 
 __all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish", "wire_dtype",
-           "ar_extra_entries", "combine_control", "CONTROL_SLOTS", "TIMING_SLOTS"]
+           "ar_extra_entries", "combine_control", "CONTROL_SLOTS", "PATH_SLOT", "TIMING_SLOTS",
+           "ANNOUNCE_SLOT"]
 
 #: Control entries carried in every top-k payload: [path code, first-collective ms,
 #: second-collective ms, VAR allgather ms, announce flag] (see flexible.py).
 CONTROL_SLOTS = 5
+#: Index of the path code (rank 0's) among the control entries.
+PATH_SLOT = 0
 #: The control entries that hold timings: delivered as the minimum over ranks (the others: rank 0's).
 TIMING_SLOTS = (1, 2, 3)
+#: Index of Adaptive's announce flag (rank 0's) among the control entries.
+ANNOUNCE_SLOT = 4
 #: float64 entries per rank in the AG payload: sq_sent, sq_total, nonfinite, agreement, control...
 _EXTRA_AG = 4 + CONTROL_SLOTS
 #: AR payload: per-rank one-hot flags (size), gain, agreement h and h², control (CONTROL_SLOTS),
@@ -64,12 +69,12 @@ def ar_extra_entries(size: int) -> int:
     return size + _EXTRA_AR_FIXED + len(TIMING_SLOTS) * size
 
 
-def combine_control(per_rank: torch.Tensor) -> list:
-    """The delivered control entries from every rank's (rows: ranks, columns: CONTROL_SLOTS):
-    rank 0's entries, with each timing slot replaced by its minimum over ranks."""
-    out = per_rank[0].clone()
-    for slot in TIMING_SLOTS:
-        out[slot] = per_rank[:, slot].min()
+def combine_control(rank0: torch.Tensor, timings: torch.Tensor) -> list:
+    """The delivered control entries: ``rank0`` (rank 0's CONTROL_SLOTS entries) with each timing
+    slot replaced by its minimum over ranks (``timings``: one row per rank, one column per
+    TIMING_SLOTS entry)."""
+    out = rank0.double().clone()
+    out[list(TIMING_SLOTS)] = timings.double().min(dim=0).values
     return out.tolist()
 _F64 = torch.float64
 #: Reduction dtypes for values Horovod's CPU allreduce cannot sum: bfloat16 travels as float32
@@ -329,7 +334,7 @@ def finish(pending: Pending) -> MessageOutcome:
         values = _field(rows, start, start + value_bytes, msg.dtype)
         indices = _field(rows, start + value_bytes, rows.shape[1], torch.int32)
         flags = extras[:, 2]
-        outcome.control = combine_control(extras[:, 4:])
+        outcome.control = combine_control(extras[0, 4:], extras[:, 4:][:, list(TIMING_SLOTS)])
         hashes = extras[:, 3]
         if bool((hashes != hashes[0]).any()):
             _disagree(cfg, [int(h) for h in hashes.tolist()])
@@ -348,9 +353,8 @@ def finish(pending: Pending) -> MessageOutcome:
         values, flags, gain_sum = output[:k], output[k:k + size], output[k + size]
         h_sum, h2_sum = float(output[k + size + 1]), float(output[k + size + 2])
         base = k + size + _EXTRA_AR_FIXED
-        per_rank = output[k + size + 3:base].double().repeat(size, 1)
-        per_rank[:, list(TIMING_SLOTS)] = output[base:].double().view(size, len(TIMING_SLOTS))
-        outcome.control = combine_control(per_rank)
+        outcome.control = combine_control(output[k + size + 3:base],
+                                          output[base:].view(size, len(TIMING_SLOTS)))
         # all h equal  <=>  (Σh)² == N·Σh²  (Cauchy-Schwarz); exact: small integers
         if _small_hash(cfg.agreement, size, output.dtype) is not None and h_sum * h_sum != size * h2_sum:
             _disagree(cfg, None)
