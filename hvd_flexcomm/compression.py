@@ -140,9 +140,13 @@ class Flexible(TopkCompression):
     - ``drift_threshold`` / ``drift_patience``: re-probe the network when the measured
       communication time of the path in use is off its prediction by more than this fraction for
       this many consecutive steps.
-    - ``reprobe_interval``: every this many steps, time the path *not* in use once (one small probe
-      per collective kind), so its prediction does not go stale. 0 disables.
-    - ``probe_repeats``: timed repetitions per probe size at start-up and after drift.
+    - ``reprobe_interval``: at most every this many steps, time the path *not* in use once (one
+      small probe per collective kind), so its prediction does not go stale. 0 disables.
+    - ``probe_budget``: such refreshes run only while their total time (ms) stays within this
+      fraction of the communication time measured in steps (> 0; 0.02: at most 2%); start-up
+      and drift probes are not budgeted (without them the model is wrong).
+    - ``probe_repeats``: timed repetitions per probe size at start-up and after drift (two sizes
+      per collective kind; a size's first probe also runs one untimed warm-up op).
 
     Decisions are made on rank 0 from its calibrated model and delivered to every rank inside the
     step's own payload (no extra round trip); every rank switches at the same step. Only
@@ -154,7 +158,8 @@ class Flexible(TopkCompression):
     drift_threshold: float = 0.25
     drift_patience: int = 5
     reprobe_interval: int = 100
-    probe_repeats: int = 3
+    probe_budget: float = 0.02
+    probe_repeats: int = 2
     collective = "flexible"
 
     def __post_init__(self) -> None:
@@ -165,6 +170,11 @@ class Flexible(TopkCompression):
                              f"one message per step), got {self.granularity!r}")
         _check_fraction("hysteresis", self.hysteresis, allow_zero=True)
         _check_fraction("drift_threshold", self.drift_threshold, allow_zero=False)
+        budget = self.probe_budget
+        if (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                or not math.isfinite(budget) or budget <= 0):
+            raise ValueError(f"probe_budget must be a positive number (a fraction of the measured "
+                             f"communication time, e.g. 0.02), got {budget!r}")
         _check_ints(self, ("drift_patience", "probe_repeats"), minimum=1)
         _check_ints(self, ("reprobe_interval",), minimum=0)
 
@@ -205,7 +215,9 @@ class Adaptive(Flexible):
     ``weights`` (time, gain). A new CR is announced at the first multiple of ``sync_every``
     after rank 0 flagged it in a step payload (one broadcast: mpi4py under MPI,
     ``hvd.broadcast_object`` under Gloo; none while there is nothing new) and takes effect at
-    that same step on every rank.
+    that same step on every rank. The CR changes only at multiples of ``sync_every`` (steps):
+    announcements and the blocks of the warm-up ramp; the default 1 takes a solved CR at the
+    step after it is ready (the flag rides in the step payload, so waiting costs nothing).
 
     - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.
@@ -224,7 +236,7 @@ class Adaptive(Flexible):
     gain_smoothing: float = 0.3
     gain_threshold: float = 0.1
     min_interval: int = 50
-    sync_every: int = 10
+    sync_every: int = 1
     pop_size: int = 40
     n_gen: int = 40
 

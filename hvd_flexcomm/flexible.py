@@ -20,7 +20,6 @@ calibrated model and the drift detector → ``decide()`` picks the next step's p
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Optional
 
 from .calibration import CollectiveCostModel, DriftDetector
@@ -70,10 +69,17 @@ class FlexibleController:
         self.last_probe_step = 0
         self.probe_ms_total = 0.0
         self.n_full_probes = 0
+        self.n_refreshes = 0
+        #: shared sums (ms) behind the refresh budget: refresh-probe timings, and the measured
+        #: communication of steps (each collective's minimum over ranks)
+        self.refresh_ms_total = 0.0
+        self.step_comm_ms_total = 0.0
         self.n_switches = 0
         #: CRs whose k range the full probe spans (Flexible: none, the probe spans k/8 .. k of the
         #: current CR; Adaptive sets its candidates, and a warm-up CR above them is not probed).
         self.probe_crs: tuple = ()
+        #: names of the probe ops run so far in this process (their warm-up is done)
+        self.warmed_probes: set = set()
         #: Steps before this one may go dense (Adaptive's warm-up, where high CRs cost more
         #: through a sparse path than a dense allreduce): :meth:`decide` takes the dense
         #: allreduce when the allreduce fit predicts it cheaper.
@@ -101,9 +107,12 @@ class FlexibleController:
     def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, bool]:
         """``(plan, repeats, full)`` of the probes due before ``step``, or an empty plan.
 
-        Full (start-up, after drift): three sizes per kind spanning ``k/8 .. k`` (and the k of
-        every CR in ``probe_crs``). Periodic (every
-        ``reprobe_interval`` steps): the kinds of the path not in use, at the current ``k``.
+        Full (start-up, after drift): two sizes per kind, the ends of the span ``k/8 .. k`` (and
+        of the k of every CR in ``probe_crs``), ``probe_repeats`` timings each. Refresh: the
+        kinds of the path not in use, once each at the current ``k``, when ``reprobe_interval``
+        steps have passed since the last probe **and** the refreshes' total time, this one's
+        prediction included, stays within ``probe_budget`` of the communication time measured
+        in steps (both sums are of shared timings, so every rank decides alike).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
@@ -112,8 +121,7 @@ class FlexibleController:
                 span += [k] if cr <= max(self.probe_crs) else []
             else:
                 span = [k, max(1, k // 8)]
-            k_lo, k_hi = min(span), max(span)
-            ks = sorted({k_lo, max(1, int(round(math.sqrt(k_lo * k_hi)))), k_hi})
+            ks = sorted({min(span), max(span)})
             plan = [(kind, self.payload_bytes(kk)[kind]) for kind in ("allgather", "broadcast",
                                                                        "allreduce") for kk in ks]
             if self.mode.selector == "var":
@@ -122,12 +130,16 @@ class FlexibleController:
         interval = self.mode.reprobe_interval
         if interval and self.path and step - self.last_probe_step >= interval:
             kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
-            return [(kind, self.payload_bytes(k)[kind]) for kind in kinds], 2, False
+            plan = [(kind, self.payload_bytes(k)[kind]) for kind in kinds]
+            cost_ms = sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
+            if self.refresh_ms_total + cost_ms <= self.mode.probe_budget * self.step_comm_ms_total:
+                return plan, 1, False
         return [], 0, False
 
     def after_probe(self, step: int, results: list[tuple[str, int, float]], full: bool,
                     spent_ms: float) -> None:
-        """Feed probe results (identical on every rank); a full probe starts the fits afresh."""
+        """Feed probe results (identical on every rank); a full probe starts the fits afresh.
+        ``spent_ms``: this rank's wall time in the probes (reported, not used in decisions)."""
         kinds = {kind for kind, _, _ in results}
         for kind in kinds:
             if full:
@@ -144,6 +156,9 @@ class FlexibleController:
             self.n_full_probes += 1
             self.drift.reset()
             self.router.reset()  # re-decide from scratch on a recalibrated model
+        else:
+            self.n_refreshes += 1
+            self.refresh_ms_total += sum(ms for _, _, ms in results)
 
     # -- steps -----------------------------------------------------------------------------------
     def decide(self, step: int, cr: float) -> str:
@@ -204,6 +219,7 @@ class FlexibleController:
             if t_var > 0:
                 self.model.observe("allgather", 8, t_var)
                 measured += t_var
+        self.step_comm_ms_total += measured
         if self.drift.update(predicted, measured):
             log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms for "
                      "%d steps: re-probing the network", path, measured, predicted,
@@ -214,7 +230,9 @@ class FlexibleController:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "path": self.path,
                 "last_probe_step": self.last_probe_step, "probe_ms_total": self.probe_ms_total,
-                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes}
+                "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
+                "n_refreshes": self.n_refreshes, "refresh_ms_total": self.refresh_ms_total,
+                "step_comm_ms_total": self.step_comm_ms_total}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -226,4 +244,7 @@ class FlexibleController:
         self.probe_ms_total = float(state.get("probe_ms_total", 0.0))
         self.n_switches = int(state.get("n_switches", 0))
         self.n_full_probes = int(state.get("n_full_probes", 0))
+        self.n_refreshes = int(state.get("n_refreshes", 0))
+        self.refresh_ms_total = float(state.get("refresh_ms_total", 0.0))
+        self.step_comm_ms_total = float(state.get("step_comm_ms_total", 0.0))
         self.full_probe_due = not self.model.is_calibrated()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -20,12 +20,16 @@ __all__ = ["run_probes"]
 
 
 def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_set: Any = None,
-               tag: str = "probe") -> list[tuple[str, int, float]]:
-    """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (after one untimed warm-up).
+               tag: str = "probe", warmed: Optional[set] = None) -> list[tuple[str, int, float]]:
+    """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times.
 
     ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
-    ``"allreduce"``. Returns ``[(kind, nbytes, ms), ...]`` with the min over ranks of each
-    timing, identical on every rank.
+    ``"allreduce"``. Each op is named by ``tag``, kind and size; the first op of a name pays
+    Horovod's full negotiation (its response cache has not seen the name), so a name's first use
+    runs one untimed warm-up op. ``warmed``: the names already used in this process (updated in
+    place, the same set on every rank since plans are identical): those skip the warm-up. Without
+    it every plan entry is warmed up. Returns ``[(kind, nbytes, ms), ...]`` with the min over
+    ranks of each timing, identical on every rank.
     """
     kw = {} if process_set is None else {"process_set": process_set}
     samples: list[tuple[str, int]] = []
@@ -33,7 +37,8 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     for kind, nbytes in plan:
         buf = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)
         name = f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}"
-        for rep in range(repeats + 1):
+        warm_up = warmed is None or name not in warmed
+        for rep in range(repeats + 1 if warm_up else repeats):
             t0 = time.perf_counter()
             if kind == "allgather":
                 hvd.allgather(buf, name=name, **kw)
@@ -43,9 +48,11 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
                 hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
             else:
                 raise ValueError(f"unknown probe kind {kind!r}")
-            if rep:
+            if rep or not warm_up:
                 samples.append((kind, buf.numel() * 4))
                 timings.append(1e3 * (time.perf_counter() - t0))
+        if warmed is not None:
+            warmed.add(name)
     if not timings:
         return []
     own = hvd.allreduce(torch.tensor(timings, dtype=torch.float64), op=hvd.Min,

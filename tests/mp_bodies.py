@@ -38,7 +38,9 @@ def _mode(kind: str, cr: float, granularity: str = "model", bucket_cap_mb: float
     if kind == "dense":
         return hvd_flexcomm.Dense()
     if kind == "flex":
-        return hvd_flexcomm.Flexible(cr=cr, hysteresis=0.0, reprobe_interval=4, probe_repeats=1)
+        # a budget of 10x the step communication: localhost refreshes every 4 steps
+        return hvd_flexcomm.Flexible(cr=cr, hysteresis=0.0, reprobe_interval=4, probe_repeats=1,
+                                     probe_budget=10.0)
     raise ValueError(kind)
 
 
@@ -122,7 +124,41 @@ def flexible_matches_reference(cr: float = 0.05, steps: int = 12) -> dict:
     codes = torch.tensor([1.0 if s["collective"] == "allgather" else 2.0 for s in r["stats"]])
     everyone = hvd.allgather(codes.unsqueeze(0), name="flex.paths")
     r["paths_agree"] = bool((everyone == everyone[0]).all())
+    r["probe_ops"] = _probe_op_counts(hvd)
     return r
+
+
+class _CountingHorovod:
+    """Real Horovod, with the collectives the probes call counted (``calls[op]``)."""
+
+    def __init__(self, hvd) -> None:
+        self._hvd, self.calls = hvd, {}
+
+    def __getattr__(self, name):
+        real = getattr(self._hvd, name)
+        if name not in ("allgather", "broadcast_", "allreduce_"):
+            return real
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+        return counted
+
+
+def _probe_op_counts(hvd) -> list:
+    """The same probe plan twice with one ``warmed`` set, on real collectives: (ops run, timings
+    returned) each time; only the first pays a warm-up op per size."""
+    from hvd_flexcomm.probing import run_probes
+
+    plan = [("allgather", 4000), ("broadcast", 400), ("allreduce", 4000), ("allreduce", 400)]
+    warmed: set = set()
+    out = []
+    for _ in range(2):
+        counting = _CountingHorovod(hvd)
+        results = run_probes(counting, plan, 2, warmed=warmed, tag="test")
+        out.append((sum(counting.calls.values()), len(results),
+                    all(ms > 0 for _, _, ms in results)))
+    return out
 
 
 def all_modes_match_reference(cr: float = 0.05, steps: int = 5) -> dict:

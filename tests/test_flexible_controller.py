@@ -1,5 +1,7 @@
 """FlexibleController logic on synthetic timings (pure: no Horovod, no network)."""
 
+import math
+
 import pytest
 
 from hvd_flexcomm import Flexible
@@ -22,7 +24,9 @@ def test_startup_probe_spans_sizes_and_decides_cheaper_path():
     ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
     plan, full = _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
     assert full and {k for k, _ in plan} == {"allgather", "broadcast", "allreduce"}
-    assert len({b for k, b in plan if k == "allreduce"}) == 3
+    sizes_k, sizes_k8 = ctrl.payload_bytes(10_000), ctrl.payload_bytes(1_250)
+    for kind in ("allgather", "broadcast", "allreduce"):  # the two ends of k/8 .. k
+        assert sorted(b for k, b in plan if k == kind) == sorted({sizes_k8[kind], sizes_k[kind]})
     assert ctrl.decide(0, 0.01) == "allreduce"
     pred = ctrl.predicted_ms
     sizes = ctrl.payload_bytes(10_000)
@@ -81,16 +85,32 @@ def test_hysteresis_keeps_path_on_near_ties():
     assert ctrl.n_switches == 0
 
 
-def test_periodic_refresh_probes_only_the_unused_path():
-    ctrl = FlexibleController(Flexible(cr=0.01, reprobe_interval=10), world_size=2, numel=NUMEL)
+def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
+    """A refresh is due after ``reprobe_interval`` steps only while the refreshes' time, this
+    one's prediction included, fits in ``probe_budget`` of the measured step communication."""
+    mode = Flexible(cr=0.01, reprobe_interval=10, probe_budget=0.05)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
     assert ctrl.decide(0, 0.01) == "allgather"
-    assert ctrl.probe_plan(5, 0.01)[0] == []
+    ag_ms = ctrl.predicted_ms["allgather"]
+    sizes = ctrl.payload_bytes(10_000)
+    refresh_ms = (ctrl.model.predict_ms("broadcast", sizes["broadcast"])
+                  + ctrl.model.predict_ms("allreduce", sizes["allreduce"]))
+    # communication measured so far: one step; 5% of it is far below the refresh's cost
+    ctrl.observe_step([PATH_CODES["allgather"], ag_ms, 0.0, 0.0, 0.0], 0.01)
+    assert ctrl.probe_plan(5, 0.01)[0] == []  # interval not reached
+    assert ctrl.probe_plan(10, 0.01)[0] == []  # interval reached, budget not
+    steps_needed = math.ceil(refresh_ms / (0.05 * ag_ms))
+    for _ in range(steps_needed - 1):
+        ctrl.observe_step([PATH_CODES["allgather"], ag_ms, 0.0, 0.0, 0.0], 0.01)
+    assert ctrl.step_comm_ms_total == pytest.approx(steps_needed * ag_ms)
     plan, repeats, full = ctrl.probe_plan(10, 0.01)
-    assert not full and {k for k, _ in plan} == {"broadcast", "allreduce"}
+    assert not full and repeats == 1 and {k for k, _ in plan} == {"broadcast", "allreduce"}
     # the allreduce path got cheap meanwhile: the refresh re-anchors its fits (slope kept)
     ctrl.after_probe(10, [(k, b, 0.1) for k, b in plan], full=False, spent_ms=1.0)
+    assert ctrl.n_refreshes == 1 and ctrl.refresh_ms_total == pytest.approx(0.2)
     assert ctrl.decide(10, 0.01) == "allreduce"
+    assert ctrl.probe_plan(15, 0.01)[0] == []  # the interval counts from the refresh
 
 
 def test_state_round_trip():
@@ -107,6 +127,7 @@ def test_state_round_trip():
     ({"hysteresis": 1.0}, "hysteresis"), ({"hysteresis": -0.1}, "hysteresis"),
     ({"drift_threshold": 0}, "drift_threshold"), ({"drift_patience": 0}, "drift_patience"),
     ({"reprobe_interval": -1}, "reprobe_interval"), ({"granularity": "bucket"}, "model"),
+    ({"probe_budget": 0}, "probe_budget"), ({"probe_budget": float("inf")}, "probe_budget"),
     ({"selector": "x"}, "selector"), ({"cr": 0}, "cr"),
 ])
 def test_flexible_rejects_bad_settings(kwargs, needle):
