@@ -77,6 +77,7 @@ class AdaptiveController:
         self.solves: list[dict] = []  # rank 0: start/end times (perf_counter s) and step of solves
         self.failed = False
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
+        self.last_announce_step: Optional[int] = None
         self._executor: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
         self._mpi_comm = self._mpi_channel()
@@ -120,15 +121,21 @@ class AdaptiveController:
     def cr_for_step(self, step: int, announce_flag: bool) -> float:
         """The CR of ``step`` (identical on every rank); runs the announcement when one is due:
         ``step`` is a multiple of ``sync_every`` and ``announce_flag`` (rank 0's flag as received
-        with the latest step payload: the same value on every rank) is set."""
+        with the latest step payload: the same value on every rank) is set. The flag is a step
+        late: the payload of step ``s`` carries what rank 0 knew at the end of step ``s - 1``, so
+        the flag seen at the step right after an announcement predates it and is ignored."""
         mode = self.mode
         if step < mode.warmup_steps:
             self.cr = warmup_cr(step, mode.warmup_steps, mode.cr, mode.sync_every)
             return self.cr
         if self.announced_cr is None:
             self.cr = mode.cr  # warm-up over (or none): hold the starting CR until a solve
-        if step % mode.sync_every == 0 and announce_flag:
+        # the flag received right after an announcement at step a was raised at the end of step
+        # a - 1, before that announcement took the result: stale, whatever sync_every is
+        stale = self.last_announce_step is not None and step == self.last_announce_step + 1
+        if step % mode.sync_every == 0 and announce_flag and not stale:
             self.n_announcements += 1
+            self.last_announce_step = step
             offer = self._ready_result() if self.rank == 0 else None
             new_cr = self._broadcast(offer)
             if new_cr is not None and new_cr != self.cr:

@@ -109,10 +109,10 @@ class FlexibleController:
 
         Full (start-up, after drift): two sizes per kind, the ends of the span ``k/8 .. k`` (and
         of the k of every CR in ``probe_crs``), ``probe_repeats`` timings each. Refresh: the
-        kinds of the path not in use, once each at the current ``k``, when ``reprobe_interval``
-        steps have passed since the last probe **and** the refreshes' total time, this one's
-        prediction included, stays within ``probe_budget`` of the communication time measured
-        in steps (both sums are of shared timings, so every rank decides alike).
+        kinds of the path not in use, once each at the current ``k`` (no warm-up op), when
+        ``reprobe_interval`` steps have passed since the last probe **and** the refreshes' total
+        time, this one's prediction included, stays within ``probe_budget`` of the communication
+        time measured in steps (both sums are of shared timings, so every rank decides alike).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:

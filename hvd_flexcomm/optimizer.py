@@ -283,7 +283,7 @@ class _FlexMethods(torch.optim.Optimizer):
         if plan:
             t0 = time.perf_counter()
             results = run_probes(self._flex_hvd, plan, repeats, self.process_set,
-                                 warmed=ctrl.warmed_probes)
+                                 warmed=ctrl.warmed_probes, warm_up=full)
             spent = 1e3 * (time.perf_counter() - t0)
             ctrl.after_probe(self._flex_step, results, full, spent)
             self._flex_probe_ms = spent

@@ -20,7 +20,8 @@ __all__ = ["run_probes"]
 
 
 def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_set: Any = None,
-               tag: str = "probe", warmed: Optional[set] = None) -> list[tuple[str, int, float]]:
+               tag: str = "probe", warmed: Optional[set] = None,
+               warm_up: bool = True) -> list[tuple[str, int, float]]:
     """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times.
 
     ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
@@ -28,7 +29,9 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     Horovod's full negotiation (its response cache has not seen the name), so a name's first use
     runs one untimed warm-up op. ``warmed``: the names already used in this process (updated in
     place, the same set on every rank since plans are identical): those skip the warm-up. Without
-    it every plan entry is warmed up. Returns ``[(kind, nbytes, ms), ...]`` with the min over
+    it every plan entry is warmed up. ``warm_up=False`` runs no untimed op at all (a one-off
+    refresh: a new name's negotiation then rides in its timing, a small upward bias that costs
+    less than a whole extra op on a slow link). Returns ``[(kind, nbytes, ms), ...]`` with the min over
     ranks of each timing, identical on every rank.
     """
     kw = {} if process_set is None else {"process_set": process_set}
@@ -37,8 +40,8 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     for kind, nbytes in plan:
         buf = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)
         name = f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}"
-        warm_up = warmed is None or name not in warmed
-        for rep in range(repeats + 1 if warm_up else repeats):
+        warm = warm_up and (warmed is None or name not in warmed)
+        for rep in range(repeats + 1 if warm else repeats):
             t0 = time.perf_counter()
             if kind == "allgather":
                 hvd.allgather(buf, name=name, **kw)
@@ -48,7 +51,7 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
                 hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
             else:
                 raise ValueError(f"unknown probe kind {kind!r}")
-            if rep or not warm_up:
+            if rep or not warm:
                 samples.append((kind, buf.numel() * 4))
                 timings.append(1e3 * (time.perf_counter() - t0))
         if warmed is not None:

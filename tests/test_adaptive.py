@@ -183,3 +183,24 @@ def test_announcements_run_only_when_rank0_flags_a_finished_solve():
     assert ctrl.changes == ([(15, new_cr)] if new_cr != 0.1 else [])
     assert not ctrl.announce_ready()  # the result was consumed by the announcement
     ctrl.close()
+
+
+def test_flag_raised_before_an_announcement_does_not_announce_again():
+    """sync_every=1: rank 0's flag reaches every rank one step late, so the flag seen right after
+    an announcement was raised before it (no second, empty broadcast); a later solve's flag is
+    honoured at once."""
+    ctrl, version = _controller(sync_every=1, n_gen=5, pop_size=8, min_interval=0)
+    sent = []
+    ctrl._broadcast = lambda obj: sent.append(obj) or obj
+    g = torch.randn(20_000, generator=torch.Generator().manual_seed(2))
+    ctrl.observe(0, g)
+    ctrl._future.result(timeout=60)
+    ctrl.cr_for_step(3, announce_flag=True)  # the flag raised at the end of step 1
+    ctrl.cr_for_step(4, announce_flag=True)  # raised at the end of step 2: stale
+    assert len(sent) == 1 and sent[0] is not None and ctrl.n_announcements == 1
+    version["v"] += 1  # the network was recalibrated: a new solve
+    ctrl.observe(5, g)
+    ctrl._future.result(timeout=60)
+    ctrl.cr_for_step(7, announce_flag=True)
+    assert len(sent) == 2 and sent[1] is not None and ctrl.n_announcements == 2
+    ctrl.close()

@@ -118,8 +118,9 @@ def test_flexible_paths_agree_and_match_reference(np_):
             assert s["measured_ms"] > 0
         assert r["stats"][0]["probe_ms"] > 0  # start-up calibration
         assert any(s["probe_ms"] > 0 for s in r["stats"][1:])  # periodic refresh (interval 4)
-        # run_probes on real collectives: a size's first use adds one warm-up op, later uses not
-        assert r["probe_ops"] == [(4 * 3, 4 * 2, True), (4 * 2, 4 * 2, True)]
+        # run_probes on real collectives: a size's first use adds one warm-up op, later uses and
+        # refreshes (warm_up=False) not
+        assert r["probe_ops"] == [(4 * 3, 4 * 2, True), (4 * 2, 4 * 2, True), (4 * 2, 4 * 2, True)]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
