@@ -10,7 +10,9 @@ an emulated constrained network (root only).
 
 Setting: N ranks (``--n``, default 4), one per network namespace of the emulator
 (``hvd_flexcomm.netem``), every link ``--delay-ms`` one way (default 5) and ``--rate-mbit``
-(default 100); one ``horovodrun --gloo`` job trains every method in turn (``adaptive_job.py``).
+(default 100); each method trains in its own ``horovodrun --gloo`` job (``adaptive_job.py``) on a
+fresh emulator, so that no method inherits TCP state (a congestion window cut by losses) from the
+ones before it (``--no-job-per-method``: one job trains every method in turn).
 Model: ``MLP(hidden=768, depth=2)`` = 784-768-768-10, **1,201,162 parameters** (4.8 MB of float32
 gradient per step: a dense ring allreduce moves ~7 MB per rank at N=4, ~0.6 s at 100 Mbit/s). SGD,
 momentum 0.9, lr 0.01 per rank (x N), batch 64 per rank, the 60 000 training images; accuracy on
@@ -56,7 +58,8 @@ noise of the order of the differences between methods.
 Writes ``adaptive.json`` (everything, including every step's CR, collective and timings),
 ``adaptive.md`` (the table), ``accuracy_vs_time.png`` (accuracy vs training time, every method)
 and ``adaptive_cr.png`` (Adaptive's CR and collective per step, Flexible's for comparison) under
-``--out`` (default ``results/adaptive/``), plus ``job.log`` (the job's output). The machine has 2
+``--out`` (default ``results/adaptive/``), plus ``job-<i>.log`` (method i's job output; ``job.log``
+with ``--no-job-per-method``). The machine has 2
 cores shared with other jobs: N=4 ranks oversubscribe it and the collectives wait for the slowest
 rank, so step times carry noise; the load average at start and end is recorded.
 """
@@ -160,6 +163,37 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
             finally:
                 stop(proc)
         return read_records(ctl), link, error
+
+
+def run_methods(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str, Any],
+                timeout_s: float, out: str, check_link: bool,
+                job_per_method: bool) -> tuple[list[dict], dict, Optional[str]]:
+    """Every method of ``plan`` (Dense first): in one job (``job.log``), or, with
+    ``job_per_method``, each in its own job on a fresh emulator (``job-<i>.log``): Dense's job
+    yields the target and time budget, which the plans of the later jobs carry. Fresh jobs give
+    every method fresh TCP connections (no congestion state, e.g. a reduced window after losses,
+    inherited from the methods before it) and the same start-up for all. Records are in method
+    order, ``index`` = the method's position; (records, link check of the first job, errors)."""
+    if not job_per_method:
+        return run_job(n, rate_mbit, delay_ms, plan, timeout_s, os.path.join(out, "job.log"),
+                       check_link)
+    methods = plan["methods"]
+    records, link, error = run_job(n, rate_mbit, delay_ms, {**plan, "methods": methods[:1]},
+                                   timeout_s, os.path.join(out, "job-1.log"), check_link)
+    errors = [error] if error else []
+    tgt = next((r for r in records if r.get("kind") == "target"), None)
+    for i, method in enumerate(methods[1:], start=1):
+        if tgt is None:
+            break  # no Dense result: nothing to aim at
+        more, _, error = run_job(n, rate_mbit, delay_ms,
+                                 {**plan, "methods": [method], "target": tgt["target"],
+                                  "time_budget_s": tgt["time_budget_s"]},
+                                 timeout_s, os.path.join(out, f"job-{i + 1}.log"), False)
+        for rec in more:
+            rec["index"] = i
+        records += more
+        errors += [f"{method['name']}: {error}"] if error else []
+    return records, link, "; ".join(errors) or None
 
 
 def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float) -> Optional[str]:
@@ -285,7 +319,9 @@ def markdown(result: dict[str, Any]) -> str:
         + (f"{result['time_budget_s']:.1f} s of training or " if result["time_budget_s"] else "")
         + f"{s['max_steps_other']} steps. "
         f"Accuracy measured every {s['eval_every']} steps, evaluation excluded from the clock. "
-        "Adaptive: warm-up "
+        + ("Each method ran in its own job on a fresh emulator (fresh TCP connections). "
+           if s.get("job_per_method") else "One job trained the methods in this order. ")
+        + "Adaptive: warm-up "
         + ", ".join(sorted({f"{r['method']['options']['warmup_steps']} steps"
                             for r in result["records"] if r["method"]["kind"] == "adaptive"}))
         + ", defaults otherwise.",
@@ -582,6 +618,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--depth", type=int, default=MODEL["depth"], help="MLP hidden layers")
     ap.add_argument("--timeout-s", type=float, default=None, help="job timeout (default 45 min; "
                     "--quick: 240 s)")
+    ap.add_argument("--job-per-method", action=argparse.BooleanOptionalAction, default=True,
+                    help="each method in its own job on a fresh emulator (default; "
+                         "--no-job-per-method: one job trains them all in turn)")
     ap.add_argument("--out", default=os.path.join(REPO, "results", "adaptive"))
     ap.add_argument("--render", metavar="JSON", help="re-render the table and plots of a saved run")
     ap.add_argument("--render-seeds", metavar="DIR", help="re-render the summary of a --seeds run")
@@ -635,6 +674,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "model": model, "model_name": f"MLP(784-{'-'.join([str(hidden)] * args.depth)}-10)",
         "parameters": params, "batch_size": args.batch_size, "lr": args.lr,
         "momentum": args.momentum, "seed": args.seed, "dense_steps": dense_steps,
+        "job_per_method": args.job_per_method,
         "time_factor": time_factor, "step_factor": step_factor,
         "max_steps_other": int(round(step_factor * dense_steps)),
         "target_drop": args.target_drop, "eval_every": eval_every, "warmup_steps": warmup,
@@ -657,8 +697,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"[bench_adaptive] seed {seed}: N={n}, {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms; "
               f"{settings['model_name']} ({params:,} parameters); Dense {dense_steps} steps; methods "
               f"{', '.join(m['name'] for m in methods)}; load average {load0[0]:.2f}", flush=True)
-        records, link, error = run_job(n, args.rate_mbit, args.delay_ms, {**plan, "seed": seed},
-                                       timeout_s, os.path.join(out, "job.log"), check_link=not quick)
+        records, link, error = run_methods(n, args.rate_mbit, args.delay_ms, {**plan, "seed": seed},
+                                           timeout_s, out, not quick, args.job_per_method)
         load1 = os.getloadavg()
         if error:
             print(f"[bench_adaptive] {error}", file=sys.stderr)

@@ -37,9 +37,12 @@ def test_quick_benchmark_end_to_end(tmp_path):
         assert (out / name).stat().st_size > 0, name
 
     assert result["error"] is None
+    planned = result["settings"]["methods"]
+    for i in range(1, len(planned) + 1):  # one job per method (the default)
+        assert (out / f"job-{i}.log").stat().st_size > 0, i
     assert 0 < result["dense_accuracy"] <= 1
     assert len(result["loadavg_start"]) == 3 and len(result["loadavg_end"]) == 3
-    planned = [m["name"] for m in result["settings"]["methods"]]
+    planned = [m["name"] for m in planned]
     rows = {r["name"]: r for r in result["rows"]}
     assert list(rows) == planned
     for name, row in rows.items():
