@@ -93,9 +93,7 @@ class TopkCompression:
             raise ValueError(
                 f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}"
             )
-        cap = self.bucket_cap_mb
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0 or math.isinf(cap):
-            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
+        _check_positive("bucket_cap_mb", self.bucket_cap_mb, "a positive number of MiB")
 
     def describe(self) -> str:
         return f"{type(self).__name__}(cr={self.cr:g}, granularity={self.granularity!r})"
@@ -170,11 +168,8 @@ class Flexible(TopkCompression):
                              f"one message per step), got {self.granularity!r}")
         _check_fraction("hysteresis", self.hysteresis, allow_zero=True)
         _check_fraction("drift_threshold", self.drift_threshold, allow_zero=False)
-        budget = self.probe_budget
-        if (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                or not math.isfinite(budget) or budget <= 0):
-            raise ValueError(f"probe_budget must be a positive number (a fraction of the measured "
-                             f"communication time, e.g. 0.02), got {budget!r}")
+        _check_positive("probe_budget", self.probe_budget, "a positive number (a fraction of the "
+                        "measured communication time, e.g. 0.02)")
         _check_ints(self, ("drift_patience", "probe_repeats"), minimum=1)
         _check_ints(self, ("reprobe_interval",), minimum=0)
 
@@ -190,6 +185,13 @@ def _check_ints(settings: Any, names: tuple, minimum: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def _check_positive(name: str, value: Any, what: str) -> None:
+    """``value`` must be a finite number > 0 (not a bool); the error says it must be ``what``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:

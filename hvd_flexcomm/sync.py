@@ -76,6 +76,8 @@ def combine_control(rank0: torch.Tensor, timings: torch.Tensor) -> list:
     out = rank0.double().clone()
     out[list(TIMING_SLOTS)] = timings.double().min(dim=0).values
     return out.tolist()
+
+
 _F64 = torch.float64
 #: Reduction dtypes for values Horovod's CPU allreduce cannot sum: bfloat16 travels as float32
 #: (twice the bytes, and the sum is exact to float32; the result is cast back).
