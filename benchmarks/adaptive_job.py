@@ -199,7 +199,7 @@ class Job:
             res = ada.last_result
             record["adaptive"] = {
                 "channel": ada.channel, "changes": [list(c) for c in ada.changes],
-                "announcements": ada.n_announcements,
+                "announcements": ada.n_announcements, "kept": ada.n_kept,
                 "solves": [{"step": s["step"], "reason": s["reason"],
                             "seconds": None if s["end"] is None else s["end"] - s["start"]}
                            for s in ada.solves],

@@ -252,6 +252,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         row["cr_mean_after_warmup"] = _mean(after)
         row["cr_changes"] = rec.get("adaptive", {}).get("changes")
         row["announcements"] = rec.get("adaptive", {}).get("announcements")
+        row["kept"] = rec.get("adaptive", {}).get("kept")
     return row
 
 
@@ -345,7 +346,9 @@ def markdown(result: dict[str, Any]) -> str:
                   f"[{ada['cr_min']:g}, {ada['cr_max']:g}], mean after warm-up "
                   f"{ada['cr_mean_after_warmup'] or float('nan'):.4g}; changes after warm-up "
                   f"(step, CR): {ada['cr_changes']}; {ada.get('announcements', '?')} announcement "
-                  "broadcasts."]
+                  "broadcasts"
+                  + ("." if ada.get("kept") is None else
+                     f"; {ada['kept']} solved CR(s) within min_cr_change of the CR, not announced.")]
     if a.get("adaptive"):
         ratio = a.get("ratio_adaptive_vs_best_fixed")
         faster = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in a["faster_than"].items())

@@ -10,7 +10,8 @@ Who does what:
   control entries of its step payload (``sync.py``) once a solve has finished, every rank receives
   the flag with that step's collective, and the next multiple of ``sync_every`` after it runs the
   broadcast on every rank (no broadcast, no network round trip, on the other steps: at 5 ms one
-  way a broadcast costs tens of ms);
+  way and N=4 a ``hvd.broadcast_object`` costs ~0.27 s). A solved CR within ``min_cr_change`` of
+  the current one is not announced at all (rank 0 keeps it as ``last_result``);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
   the calibrated cost model (the cheaper path at each CR), and, when a trigger fires, submits the
@@ -78,6 +79,8 @@ class AdaptiveController:
         self.failed = False
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self.last_announce_step: Optional[int] = None
+        self.n_kept = 0  # rank 0: solved CRs not announced (within min_cr_change of the CR)
+        self._pending: Optional[float] = None  # rank 0: a solved CR waiting for its announcement
         self._executor: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
         self._mpi_comm = self._mpi_channel()
@@ -114,9 +117,14 @@ class AdaptiveController:
 
     # -- per step ------------------------------------------------------------------------------
     def announce_ready(self) -> bool:
-        """Rank 0: whether a solve has finished that the next announcement will offer (the flag
-        rank 0 sends in its step payload). Always False on other ranks."""
-        return self.rank == 0 and self._future is not None and self._future.done()
+        """Rank 0: whether a solved CR is waiting for an announcement (the flag rank 0 sends in
+        its step payload). Takes a finished solve's result first: a failed solve, or a CR within
+        ``min_cr_change`` of the current CR, raises no flag. Always False on other ranks."""
+        if self.rank != 0:
+            return False
+        if self._pending is None and self._future is not None and self._future.done():
+            self._pending = self._take_result()
+        return self._pending is not None
 
     def cr_for_step(self, step: int, announce_flag: bool) -> float:
         """The CR of ``step`` (identical on every rank); runs the announcement when one is due:
@@ -148,11 +156,15 @@ class AdaptiveController:
         return self.cr
 
     def _ready_result(self) -> Optional[float]:
-        """Rank 0: the solver's CR if a solve has finished since the last announcement."""
-        future = self._future
-        if future is None or not future.done():
-            return None
-        self._future = None
+        """Rank 0: the solved CR to announce now (None: nothing new); consumed."""
+        self.announce_ready()
+        cr, self._pending = self._pending, None
+        return cr
+
+    def _take_result(self) -> Optional[float]:
+        """Rank 0: the finished solve's CR (rounded), or None when it failed or lies within
+        ``min_cr_change`` (fraction) of the current CR; the future is consumed either way."""
+        future, self._future = self._future, None
         try:
             result: MooResult = future.result()
         except Exception as exc:  # noqa: BLE001 - the service must never stop training
@@ -160,7 +172,13 @@ class AdaptiveController:
             return None
         self.last_result = result
         log.info("hvd_flexcomm: %s", result.explain())
-        return _round_cr(result.cr)
+        cr = _round_cr(result.cr)
+        if abs(cr - self.cr) < self.mode.min_cr_change * self.cr:
+            self.n_kept += 1
+            log.info("hvd_flexcomm: keeping cr=%g: the solved %g is within %g%% of it "
+                     "(min_cr_change), no announcement", self.cr, cr, 100 * self.mode.min_cr_change)
+            return None
+        return cr
 
     def observe(self, step: int, error_fed: Optional[torch.Tensor]) -> None:
         """Rank 0, after a step's payload is submitted: measure gains (every ``gain_every``

@@ -226,6 +226,11 @@ class Adaptive(Flexible):
     - Re-optimise when the smoothed gain moves by ``gain_threshold`` (fraction) since the last
       optimisation, or when the network model was recalibrated (drift), at most every
       ``min_interval`` steps.
+    - ``min_cr_change`` (fraction of the current CR): a solved CR closer than this to the current
+      one is kept on rank 0 and not announced. A change costs the broadcast plus Horovod's
+      renegotiation of the new message sizes, ~0.35 s at 5 ms one way and N=4
+      (``docs/performance/horovod_op_cost.md``), for a CR a few percent off; 0 announces every
+      solve.
     """
 
     cr: float = 0.1
@@ -241,6 +246,7 @@ class Adaptive(Flexible):
     sync_every: int = 1
     pop_size: int = 40
     n_gen: int = 40
+    min_cr_change: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -259,6 +265,7 @@ class Adaptive(Flexible):
         _check_ints(self, ("gain_every", "sync_every", "pop_size", "n_gen"), minimum=1)
         _check_ints(self, ("warmup_steps", "min_interval"), minimum=0)
         _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
+        _check_fraction("min_cr_change", self.min_cr_change, allow_zero=True)
         if not 0 < self.gain_smoothing <= 1:
             raise ValueError(f"gain_smoothing must be in (0, 1], got {self.gain_smoothing!r}")
 

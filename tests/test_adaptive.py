@@ -1,6 +1,8 @@
 """Adaptive CR pieces without Horovod: gains, curves, the Pareto pick, warm-up, triggers."""
 
+import logging
 import math
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 from hvd_flexcomm import Adaptive
 from hvd_flexcomm.adaptive import AdaptiveController, warmup_cr
 from hvd_flexcomm.gains import GainTracker, gains_at_crs
-from hvd_flexcomm.moo import fit_comm_curve, fit_gain_curve, solve_cr
+from hvd_flexcomm.moo import MooResult, fit_comm_curve, fit_gain_curve, solve_cr
 from hvd_flexcomm.topk import k_for
 
 CANDS = (0.1, 0.033, 0.011, 0.004, 0.001)
@@ -96,7 +98,7 @@ def test_solver_survives_unfittable_inputs():
 
 
 def _controller(**kw):
-    mode = Adaptive(**{"cr": 0.1, "gain_every": 1, "min_interval": 10, **kw})
+    mode = Adaptive(**{"cr": 0.1, "gain_every": 1, "min_interval": 10, "min_cr_change": 0, **kw})
     version = {"v": 0}
     ctrl = AdaptiveController(mode, rank=0, hvd=None, process_set=None,
                               predict_ms=lambda c: {"allgather": 1 + 100 * c, "allreduce": 2 + 50 * c},
@@ -157,7 +159,8 @@ def test_solver_failures_are_contained(caplog):
     ({"candidates": (0.1,)}, "candidates"), ({"c_low": 0.2, "c_high": 0.1}, "c_low"),
     ({"weights": (1, -1)}, "weights"), ({"gain_every": 0}, "gain_every"),
     ({"warmup_steps": -1}, "warmup_steps"), ({"gain_threshold": 0}, "gain_threshold"),
-    ({"candidates": (0.1, 2.0)}, "cr must be in"),
+    ({"candidates": (0.1, 2.0)}, "cr must be in"), ({"min_cr_change": 1.0}, "min_cr_change"),
+    ({"min_cr_change": -0.1}, "min_cr_change"),
 ])
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -204,3 +207,33 @@ def test_flag_raised_before_an_announcement_does_not_announce_again():
     ctrl.cr_for_step(7, announce_flag=True)
     assert len(sent) == 2 and sent[1] is not None and ctrl.n_announcements == 2
     ctrl.close()
+
+
+def _finished(cr: float) -> Future:
+    """A finished solve whose pick is ``cr``."""
+    future: Future = Future()
+    future.set_result(MooResult(cr=cr, time_ms=1.0, gain=0.5, front=[(0.001, 1.0, 0.1), (0.1, 2.0, 0.9)]))
+    return future
+
+
+def test_solved_cr_close_to_the_current_one_is_not_announced(caplog):
+    """min_cr_change=0.1: a solve within 10% of the current CR raises no flag (no broadcast, no
+    renegotiation of message sizes); one further away is announced and taken at that step."""
+    caplog.set_level(logging.INFO, logger="hvd_flexcomm.adaptive")
+    ctrl, _ = _controller(min_cr_change=0.1)
+    sent = []
+    ctrl._broadcast = lambda obj: sent.append(obj) or obj
+    assert ctrl.cr_for_step(0, announce_flag=False) == 0.1
+    ctrl._future = _finished(0.0912)  # 8.8% below 0.1
+    assert not ctrl.announce_ready()
+    assert ctrl.n_kept == 1 and ctrl._future is None and ctrl.last_result.cr == 0.0912
+    assert "keeping cr=0.1: the solved 0.0912" in caplog.text
+    assert ctrl.cr_for_step(1, announce_flag=False) == 0.1 and sent == []
+    ctrl._future = _finished(0.0899)  # 10.1% below: announced
+    assert ctrl.announce_ready() and ctrl.announce_ready()  # stays raised until announced
+    assert ctrl.cr_for_step(2, announce_flag=True) == 0.0899
+    assert sent == [0.0899] and ctrl.changes == [(2, 0.0899)] and not ctrl.announce_ready()
+    ctrl._future = _finished(0.0981)  # measured from the new CR: +9.1%, kept
+    assert not ctrl.announce_ready() and ctrl.n_kept == 2
+    ctrl.cr_for_step(3, announce_flag=False)
+    assert ctrl.cr == 0.0899 and ctrl.n_announcements == 1
