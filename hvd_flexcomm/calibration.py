@@ -54,7 +54,7 @@ __all__ = [
     "DriftDetector",
     "LinearCostFit",
     "NotCalibratedError",
-    "probe_sizes",
+    "probe_ks",
 ]
 
 #: Collective kinds that get their own fitted line.
@@ -389,37 +389,29 @@ def _check_k(k: int, value_bytes: int, index_bytes: int, extra_bytes: int) -> No
         )
 
 
-def probe_sizes(
-    model_numel: int, crs: Iterable[float], bytes_per_element: int = 4, n_sizes: int = 3
-) -> list[int]:
-    """Byte sizes to time at start-up, spanning the k range of the candidate compression ratios.
+def probe_ks(numel: int, crs: Iterable[float], widen: int = 8) -> list[int]:
+    """The element counts a full probe times for each collective kind: the two ends of the k range
+    of ``crs`` (``k = min(numel, max(1, round(c·numel)))``, as :func:`hvd_flexcomm.topk.k_for`).
 
-    ``k(c) = min(numel, max(1, round(c·numel)))`` (as :func:`hvd_flexcomm.topk.k_for`); the sizes
-    are ``n_sizes`` element counts spaced geometrically from ``k_min`` to ``k_max`` (so, by default,
-    min, geometric middle and max), rounded, de-duplicated and multiplied by ``bytes_per_element``
-    (4: fp32 values; pass 8 for a packed value+index allgather payload). If every CR gives the same
-    k, the range is widened down to ``max(1, k // 10)`` so that the fixed and per-byte costs can be
-    told apart. Returns a sorted list of distinct positive ints (bytes); empty if ``model_numel`` is
-    0. Pure function.
+    Two sizes fix a line ``a + b·bytes``; the ends give the slope its widest base. When every CR
+    gives the same k the range is widened down to ``max(1, k // widen)`` so that the fixed and
+    per-byte costs can still be told apart (one size, ``[1]``, when k = 1). Returns a sorted list
+    of distinct positive ints; empty when ``numel`` is 0. Pure function.
     """
     crs = [float(c) for c in crs]
     if not crs:
         raise ValueError("need at least one compression ratio")
     if any(not (0.0 < c <= 1.0) for c in crs):
         raise ValueError(f"compression ratios must be in (0, 1], got {crs}")
-    if model_numel < 0 or bytes_per_element <= 0 or n_sizes < 1:
-        raise ValueError("need model_numel >= 0, bytes_per_element > 0, n_sizes >= 1")
-    if model_numel == 0:
+    if numel < 0 or widen < 2:
+        raise ValueError(f"need numel >= 0 and widen >= 2, got numel={numel}, widen={widen}")
+    if numel == 0:
         return []
-    ks = [min(model_numel, max(1, int(round(c * model_numel)))) for c in crs]
+    ks = [min(numel, max(1, int(round(c * numel)))) for c in crs]
     k_min, k_max = min(ks), max(ks)
     if k_min == k_max:
-        k_min = max(1, k_max // 10)
-    if n_sizes == 1:
-        counts = [k_max]
-    else:
-        counts = np.rint(np.geomspace(k_min, k_max, n_sizes)).astype(np.int64).tolist()
-    return sorted({int(c) * int(bytes_per_element) for c in counts})
+        k_min = max(1, k_max // widen)
+    return sorted({k_min, k_max})
 
 
 class DriftDetector:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .calibration import CollectiveCostModel, DriftDetector
+from .calibration import CollectiveCostModel, DriftDetector, probe_ks
 from .compression import Flexible
 from .routing import PATHS, Router
 from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
@@ -116,12 +116,10 @@ class FlexibleController:
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
+            crs = [cr]
             if self.probe_crs:
-                span = [k_for(c, self.numel) for c in self.probe_crs]
-                span += [k] if cr <= max(self.probe_crs) else []
-            else:
-                span = [k, max(1, k // 8)]
-            ks = sorted({min(span), max(span)})
+                crs = list(self.probe_crs) + ([cr] if cr <= max(self.probe_crs) else [])
+            ks = probe_ks(self.numel, crs)
             plan = [(kind, self.payload_bytes(kk)[kind]) for kind in ("allgather", "broadcast",
                                                                        "allreduce") for kk in ks]
             if self.mode.selector == "var":

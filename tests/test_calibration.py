@@ -16,7 +16,7 @@ from hvd_flexcomm.calibration import (
     DriftDetector,
     LinearCostFit,
     NotCalibratedError,
-    probe_sizes,
+    probe_ks,
 )
 
 A_MS, B_MS_PER_BYTE = 2.0, 1e-5  # 2 ms fixed cost, 100 MB/s
@@ -313,27 +313,27 @@ def test_horovod_like_costs_order_the_paths():
 
 
 # ---------------------------------------------------------------------------------------------
-# probe_sizes
+# probe_ks
 # ---------------------------------------------------------------------------------------------
 
 
-def test_probe_sizes_span_the_k_range():
-    # 1e6 elements, CRs 0.1 / 0.01 / 0.001: k from 1000 to 100000, geometric middle 10000.
-    assert probe_sizes(1_000_000, [0.1, 0.01, 0.001]) == [4_000, 40_000, 400_000]
-    # packed value + index payload: 8 bytes per element
-    assert probe_sizes(1_000_000, [0.1, 0.001], bytes_per_element=8) == [8_000, 80_000, 800_000]
-    assert probe_sizes(1_000_000, [0.1, 0.001], n_sizes=2) == [4_000, 400_000]
+def test_probe_ks_are_the_ends_of_the_k_range():
+    # 1e6 elements, CRs 0.1 / 0.01 / 0.001: k from 1000 to 100000; the middle is not timed
+    assert probe_ks(1_000_000, [0.1, 0.01, 0.001]) == [1_000, 100_000]
+    assert probe_ks(1_000_000, [0.001, 0.1]) == [1_000, 100_000]  # order does not matter
+    assert probe_ks(1_201_162, [0.01]) == [1_501, 12_012]  # one CR: widened to k // 8
 
 
-def test_probe_sizes_edge_cases():
-    # A single CR: widened down to k // 10 so that a and b can be separated.
-    assert probe_sizes(1_000_000, [0.01], n_sizes=2) == [4_000, 40_000]
-    assert probe_sizes(0, [0.1]) == []
-    assert probe_sizes(10, [0.001]) == [4]  # k = 1 cannot be widened
-    with pytest.raises(ValueError):
-        probe_sizes(100, [])
-    with pytest.raises(ValueError):
-        probe_sizes(100, [0.0])
+def test_probe_ks_edge_cases():
+    assert probe_ks(1_000_000, [0.01, 0.01], widen=10) == [1_000, 10_000]
+    assert probe_ks(0, [0.1]) == []
+    assert probe_ks(10, [0.001]) == [1]  # k = 1 cannot be widened
+    assert probe_ks(10, [0.001, 0.05]) == [1]  # both round to k = 1
+    for bad in ([], [0.0], [1.5]):
+        with pytest.raises(ValueError, match="compression ratio"):
+            probe_ks(100, bad)
+    with pytest.raises(ValueError, match="widen"):
+        probe_ks(100, [0.1], widen=1)
 
 
 @settings(deadline=None)  # shared, noisy CI machines
@@ -341,12 +341,13 @@ def test_probe_sizes_edge_cases():
     numel=st.integers(min_value=1, max_value=10**9),
     crs=st.lists(st.floats(min_value=1e-4, max_value=1.0), min_size=1, max_size=6),
 )
-def test_probe_sizes_properties(numel, crs):
-    sizes = probe_sizes(numel, crs)
-    assert sizes == sorted(set(sizes)) and 1 <= len(sizes) <= 3
-    assert all(s > 0 and s % 4 == 0 and s <= 4 * numel for s in sizes)
-    k_max = max(min(numel, max(1, round(c * numel))) for c in crs)
-    assert sizes[-1] == 4 * k_max
+def test_probe_ks_properties(numel, crs):
+    ks = probe_ks(numel, crs)
+    assert ks == sorted(set(ks)) and 1 <= len(ks) <= 2
+    assert all(1 <= k <= numel for k in ks)
+    k_of = [min(numel, max(1, round(c * numel))) for c in crs]
+    assert ks[-1] == max(k_of)
+    assert ks[0] == (min(k_of) if min(k_of) < max(k_of) else max(1, max(k_of) // 8))
 
 
 # ---------------------------------------------------------------------------------------------
