@@ -192,6 +192,7 @@ class Job:
         ctrl = getattr(opt, "_flex_controller", None)
         if ctrl is not None:
             record["flexible"] = {"n_switches": ctrl.n_switches, "n_full_probes": ctrl.n_full_probes,
+                                  "n_drift_probes": ctrl.n_drift_probes,
                                   "n_refreshes": ctrl.n_refreshes,
                                   "probe_ms_total": ctrl.probe_ms_total}
         ada = getattr(opt, "_flex_adaptive", None)

@@ -237,6 +237,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "mean_comm_ms": _mean(ps["comm_ms"]), "mean_compress_ms": _mean(ps["compress_ms"]),
         "probe_ms_total": sum(x for x in ps["probe_ms"] if x),
         "full_probes": rec.get("flexible", {}).get("n_full_probes"),
+        "drift_probes": rec.get("flexible", {}).get("n_drift_probes"),
         "refresh_probes": rec.get("flexible", {}).get("n_refreshes"),
         "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
         "epochs_started": rec["epochs_started"],
@@ -293,12 +294,14 @@ def _fmt_s(x: Optional[float]) -> str:
 
 
 def _fmt_probes(row: dict[str, Any]) -> str:
-    """Probing time of a run (s), its full probes (start-up and after drift) and refreshes."""
+    """Probing time of a run (s), then its full probes (start-up; after drift under Adaptive),
+    drift probes (after drift under Flexible) and refreshes; ``-`` for a count a run did not
+    record (older runs)."""
     if row.get("full_probes") is None:
         return "-"
-    refreshes = row.get("refresh_probes")
-    return (f"{row['probe_ms_total'] / 1e3:.1f} ({row['full_probes']}"
-            + ("" if refreshes is None else f"/{refreshes}") + ")")
+    counts = [row.get(key) for key in ("full_probes", "drift_probes", "refresh_probes")]
+    return (f"{row['probe_ms_total'] / 1e3:.1f} ("
+            + "/".join("-" if c is None else str(c) for c in counts) + ")")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -328,8 +331,8 @@ def markdown(result: dict[str, Any]) -> str:
         + ", defaults otherwise.",
         "",
         "| method | time to target (s) | steps to target | final acc (%) | vs Dense (pts) | steps | "
-        "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | probes (s, full/refresh) | "
-        "collectives |",
+        "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | "
+        "probes (s, full/drift/refresh) | collectives |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:

@@ -62,12 +62,14 @@ def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str,
         switch = next((r["step"] for r in seg if r["collective"] != before), None)
         after = [r["collective"] for r in seg]
         probes = [r["step"] for r in seg if r.get("probe_ms")]
+        kinds = [r.get("probe_kind") for r in seg if r.get("probe_ms")]
         out.append({
             "change_step": c, "network": by_step.get(c, {}).get("network"), "segment_steps": len(seg),
             "path_before": before, "switch_step": switch,
             "steps_to_switch": None if switch is None else switch - c,
             "within_target": switch is not None and switch - c <= TARGET_STEPS,
             "paths_until_next_change": dict(Counter(after)), "probe_steps": probes,
+            "probe_kinds": kinds,
         })
     return out
 
@@ -145,13 +147,13 @@ def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[
         if seg["switch_step"] is None:
             lines.append(f"- change at step {seg['change_step']} (-> {net}): still on "
                          f"{seg['path_before']} until the next change or the end (no switch); paths: "
-                         f"{seg['paths_until_next_change']}; probing at steps {seg['probe_steps']}")
+                         f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}")
         else:
             lines.append(f"- change at step {seg['change_step']} (-> {net}): {seg['path_before']} -> "
                          f"another path at step {seg['switch_step']} ({seg['steps_to_switch']} steps; "
                          f"target <= {TARGET_STEPS}: {'met' if seg['within_target'] else 'NOT met'}); "
                          f"paths until the next change: {seg['paths_until_next_change']}; probing at "
-                         f"steps {seg['probe_steps']}")
+                         f"steps {_probes(seg)}")
     lines.append(f"- steps recorded: {len(steps)}; probing steps overall: "
                  f"{[r['step'] for r in steps if r.get('probe_ms')]}")
     share = probe_share(steps)
@@ -160,6 +162,14 @@ def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[
                      f"({100 * share['share']:.1f}%; without the start-up probe "
                      f"{100 * share['share_after_start']:.1f}%)")
     return lines
+
+
+def _probes(seg: dict[str, Any]) -> str:
+    """A segment's probing steps, each with its probe's kind where recorded (full, drift,
+    refresh)."""
+    kinds = seg.get("probe_kinds") or [None] * len(seg["probe_steps"])
+    return "[" + ", ".join(str(s) if k is None else f"{s} ({k})"
+                           for s, k in zip(seg["probe_steps"], kinds)) + "]"
 
 
 def probe_share(steps: list[dict[str, Any]]) -> Optional[dict[str, float]]:

@@ -134,6 +134,7 @@ class Job:
         if "predicted_ms" in st:
             out["predicted_ms"] = st["predicted_ms"]
             out["probe_ms"] = st.get("probe_ms", 0.0)
+            out["probe_kind"] = st.get("probe_kind")
         return out
 
 
@@ -172,6 +173,7 @@ def run_grid(job: Job) -> None:
                 "numel": job.numel, "warmup": warm, "timed": timed,
                 "flex_switches": getattr(ctrl, "n_switches", None),
                 "flex_full_probes": getattr(ctrl, "n_full_probes", None),
+                "flex_drift_probes": getattr(ctrl, "n_drift_probes", None),
                 "cell_s": time.perf_counter() - t_cell,
             }
             job.emit(record)

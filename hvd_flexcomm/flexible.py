@@ -20,6 +20,7 @@ calibrated model and the drift detector → ``decide()`` picks the next step's p
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Optional
 
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
@@ -66,9 +67,15 @@ class FlexibleController:
         self.path: Optional[str] = None
         self.predicted_ms: dict[str, float] = {}
         self.full_probe_due = True  # start-up calibration
+        #: drift seen under Flexible (no candidate CRs): the next probe is a drift probe
+        self.drift_probe_due = False
+        #: the samples the last ``drift_patience`` steps fed to the fits: [(kind, bytes, ms), ...]
+        #: per step, oldest first (the measurements that fired the drift detector)
+        self.recent_steps: deque = deque(maxlen=mode.drift_patience)
         self.last_probe_step = 0
         self.probe_ms_total = 0.0
         self.n_full_probes = 0
+        self.n_drift_probes = 0
         self.n_refreshes = 0
         #: shared sums (ms) behind the refresh budget: refresh-probe timings, and the measured
         #: communication of steps (each collective's minimum over ranks)
@@ -104,15 +111,22 @@ class FlexibleController:
         return {"allgather": ag, "allreduce": ar}
 
     # -- probing ---------------------------------------------------------------------------------
-    def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, bool]:
-        """``(plan, repeats, full)`` of the probes due before ``step``, or an empty plan.
+    def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, str]:
+        """``(plan, repeats, kind)`` of the probes due before ``step``, or an empty plan.
 
-        Full (start-up, after drift): two sizes per kind, the ends of the span ``k/8 .. k`` (and
-        of the k of every CR in ``probe_crs``), ``probe_repeats`` timings each. Refresh: the
-        kinds of the path not in use, once each at the current ``k`` (no warm-up op), when
-        ``reprobe_interval`` steps have passed since the last probe **and** the refreshes' total
-        time, this one's prediction included, stays within ``probe_budget`` of the communication
-        time measured in steps (both sums are of shared timings, so every rank decides alike).
+        ``"full"`` (start-up; after drift when there are candidate CRs): two sizes per collective
+        kind, the ends of the span ``k/8 .. k`` (or of the k of every CR in ``probe_crs``),
+        ``probe_repeats`` timings each. ``"drift"`` (after drift under Flexible, whose CR is
+        fixed): the kinds of the path not in use, at the current ``k`` only, ``probe_repeats``
+        timings each; the path in use is re-anchored on the step timings that fired the drift
+        detector. A line through the one size in use predicts that size exactly whatever the
+        slope, and it is the only size a fixed CR sends: 4 timed ops (allgather in use) or 2
+        (allreduce in use) instead of a full probe's 12, at the default ``probe_repeats=2``.
+        ``"refresh"``: the kinds of the path not in use, once each at the current
+        ``k`` (no warm-up op), when ``reprobe_interval`` steps have passed since the last probe
+        **and** the refreshes' total time, this one's prediction included, stays within
+        ``probe_budget`` of the communication time measured in steps (both sums are of shared
+        timings, so every rank decides alike).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
@@ -124,39 +138,69 @@ class FlexibleController:
                                                                        "allreduce") for kk in ks]
             if self.mode.selector == "var":
                 plan.append(("allgather", 8))
-            return plan, self.mode.probe_repeats, True
+            return plan, self.mode.probe_repeats, "full"
+        if self.drift_probe_due:
+            plan = self._unused_path_plan(k)
+            if self.mode.selector == "var" and self.path == "allgather":
+                plan.append(("allgather", 8))  # VAR's norm allgather rides on the AG fit
+            return plan, self.mode.probe_repeats, "drift"
         interval = self.mode.reprobe_interval
         if interval and self.path and step - self.last_probe_step >= interval:
-            kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
-            plan = [(kind, self.payload_bytes(k)[kind]) for kind in kinds]
+            plan = self._unused_path_plan(k)
             cost_ms = sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
             if self.refresh_ms_total + cost_ms <= self.mode.probe_budget * self.step_comm_ms_total:
-                return plan, 1, False
-        return [], 0, False
+                return plan, 1, "refresh"
+        return [], 0, "refresh"
 
-    def after_probe(self, step: int, results: list[tuple[str, int, float]], full: bool,
+    def _unused_path_plan(self, k: int) -> list[tuple[str, int]]:
+        """The collectives of the sparse path not in use, at ``k`` kept entries."""
+        kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
+        return [(kind, self.payload_bytes(k)[kind]) for kind in kinds]
+
+    def after_probe(self, step: int, results: list[tuple[str, int, float]], kind: str,
                     spent_ms: float) -> None:
-        """Feed probe results (identical on every rank); a full probe starts the fits afresh.
-        ``spent_ms``: this rank's wall time in the probes (reported, not used in decisions)."""
-        kinds = {kind for kind, _, _ in results}
-        for kind in kinds:
-            if full:
-                self.model.fits[kind].reset()
-            else:
-                # keep the slope, forget the level: a single fresh size re-anchors the line
-                self.model.fits[kind].reset_level()
-        for kind, nbytes, ms in results:
-            self.model.observe(kind, nbytes, ms)
+        """Feed probe results (identical on every rank) of a ``kind`` probe (see
+        :meth:`probe_plan`). A full probe starts the probed fits afresh; a drift probe and a
+        refresh keep every slope and forget the levels of the fits they re-anchor (a drift
+        probe: every fit, the path in use on the recent step timings). ``spent_ms``: this
+        rank's wall time in the probes (reported, not used in decisions)."""
+        if kind not in ("full", "drift", "refresh"):
+            raise ValueError(f"probe kind must be 'full', 'drift' or 'refresh', got {kind!r}")
+        probed = {coll for coll, _, _ in results}
+        if kind == "full":
+            for coll in probed:
+                self.model.fits[coll].reset()
+        elif kind == "refresh":
+            for coll in probed:
+                self.model.fits[coll].reset_level()
+        else:
+            recent = [sample for step_samples in self.recent_steps for sample in step_samples]
+            for coll in probed | {coll for coll, _, _ in recent}:
+                self.model.fits[coll].reset_level()
+            for coll, nbytes, ms in recent:
+                self.model.observe(coll, nbytes, ms)
+        for coll, nbytes, ms in results:
+            self.model.observe(coll, nbytes, ms)
         self.last_probe_step = step
         self.probe_ms_total += spent_ms
-        if full:
-            self.full_probe_due = False
-            self.n_full_probes += 1
-            self.drift.reset()
-            self.router.reset()  # re-decide from scratch on a recalibrated model
-        else:
+        if kind == "refresh":
             self.n_refreshes += 1
             self.refresh_ms_total += sum(ms for _, _, ms in results)
+            return
+        if kind == "full":
+            self.full_probe_due = False
+            self.n_full_probes += 1
+        else:
+            self.n_drift_probes += 1
+        self.drift_probe_due = False
+        self.recent_steps.clear()
+        self.drift.reset()
+        self.router.reset()  # re-decide from scratch on a recalibrated model
+
+    @property
+    def probe_due(self) -> bool:
+        """A full or drift probe must run before the next step (its path is not decided yet)."""
+        return self.full_probe_due or self.drift_probe_due
 
     # -- steps -----------------------------------------------------------------------------------
     def decide(self, step: int, cr: float) -> str:
@@ -208,28 +252,34 @@ class FlexibleController:
         sizes = self.payload_bytes(k_for(cr, self.numel))
         predicted = self.predict(cr)[path]
         if path == "allgather":
-            self.model.observe("allgather", sizes["allgather"], t1)
-            measured = t1
+            samples = [("allgather", sizes["allgather"], t1)]
         else:
-            self.model.observe("broadcast", sizes["broadcast"], t1)
-            self.model.observe("allreduce", sizes["allreduce"], t2)
-            measured = t1 + t2
+            samples = [("broadcast", sizes["broadcast"], t1), ("allreduce", sizes["allreduce"], t2)]
             if t_var > 0:
-                self.model.observe("allgather", 8, t_var)
-                measured += t_var
+                samples.append(("allgather", 8, t_var))
+        for kind, nbytes, ms in samples:
+            self.model.observe(kind, nbytes, ms)
+        self.recent_steps.append(samples)
+        measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
         if self.drift.update(predicted, measured):
+            # candidate CRs (Adaptive) need every slope: a full probe; a fixed CR needs its size
+            what = "full" if self.probe_crs else "drift"
             log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms for "
-                     "%d steps: re-probing the network", path, measured, predicted,
-                     self.drift.patience)
-            self.full_probe_due = True
+                     "%d steps: %s probe of the network", path, measured, predicted,
+                     self.drift.patience, what)
+            if self.probe_crs:
+                self.full_probe_due = True
+            else:
+                self.drift_probe_due = True
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "path": self.path,
                 "last_probe_step": self.last_probe_step, "probe_ms_total": self.probe_ms_total,
                 "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
-                "n_refreshes": self.n_refreshes, "refresh_ms_total": self.refresh_ms_total,
+                "n_drift_probes": self.n_drift_probes, "n_refreshes": self.n_refreshes,
+                "refresh_ms_total": self.refresh_ms_total,
                 "step_comm_ms_total": self.step_comm_ms_total}
 
     def load_dict(self, state: dict[str, Any]) -> None:
@@ -242,6 +292,7 @@ class FlexibleController:
         self.probe_ms_total = float(state.get("probe_ms_total", 0.0))
         self.n_switches = int(state.get("n_switches", 0))
         self.n_full_probes = int(state.get("n_full_probes", 0))
+        self.n_drift_probes = int(state.get("n_drift_probes", 0))
         self.n_refreshes = int(state.get("n_refreshes", 0))
         self.refresh_ms_total = float(state.get("refresh_ms_total", 0.0))
         self.step_comm_ms_total = float(state.get("step_comm_ms_total", 0.0))

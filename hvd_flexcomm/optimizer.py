@@ -93,6 +93,7 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
         self._flex_announce_flag = False  # Adaptive: rank 0's announce flag, as last received
         self._flex_probe_ms = 0.0  # probing time spent in the current step
+        self._flex_probe_kind: Optional[str] = None  # its kind: "full", "drift" or "refresh"
         self.last_stats: dict = {}
         compressor = mode.compressor if isinstance(mode, Dense) else None
         if compressor is None:
@@ -243,6 +244,7 @@ class _FlexMethods(torch.optim.Optimizer):
             self._synchronized = True
             return
         self._flex_probe_ms = 0.0
+        self._flex_probe_kind = None
         if self._flex_adaptive is not None:
             self._flex_check_consistency()
             self._flex_cr = self._flex_adaptive.cr_for_step(self._flex_step,
@@ -279,17 +281,17 @@ class _FlexMethods(torch.optim.Optimizer):
         from .probing import run_probes
 
         ctrl, cr = self._flex_controller, self._flex_cr
-        plan, repeats, full = ctrl.probe_plan(self._flex_step, cr)
+        plan, repeats, kind = ctrl.probe_plan(self._flex_step, cr)
         if plan:
             t0 = time.perf_counter()
             results = run_probes(self._flex_hvd, plan, repeats, self.process_set,
-                                 warmed=ctrl.warmed_probes, warm_up=full)
+                                 warmed=ctrl.warmed_probes, warm_up=kind != "refresh")
             spent = 1e3 * (time.perf_counter() - t0)
-            ctrl.after_probe(self._flex_step, results, full, spent)
-            self._flex_probe_ms = spent
+            ctrl.after_probe(self._flex_step, results, kind, spent)
+            self._flex_probe_ms, self._flex_probe_kind = spent, kind
             log.info("hvd_flexcomm: step %d: %s probe, %d timings, %.1f ms", self._flex_step,
-                     "full" if full else "refresh", len(results), spent)
-            if full:
+                     kind, len(results), spent)
+            if kind != "refresh":
                 self._flex_control = (0.0,) * CONTROL_SLOTS  # timings before it are stale
                 self._flex_sent_cr = None
                 ctrl.path = None
@@ -317,7 +319,8 @@ class _FlexMethods(torch.optim.Optimizer):
         self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
         self.last_stats["probe_ms"] = self._flex_probe_ms
-        if not ctrl.full_probe_due:
+        self.last_stats["probe_kind"] = self._flex_probe_kind
+        if not ctrl.probe_due:
             ctrl.decide(self._flex_step + 1, cr)
             self._flex_routed_cr = cr
 

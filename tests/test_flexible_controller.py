@@ -11,19 +11,19 @@ NUMEL = 1_000_000
 
 
 def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0):
-    plan, repeats, full = ctrl.probe_plan(step, cr)
+    plan, repeats, what = ctrl.probe_plan(step, cr)
     results = []
     for kind, nbytes in plan:
         slope = ag_ms_per_byte if kind == "allgather" else ar_ms_per_byte
         results += [(kind, nbytes, fixed_ms + slope * nbytes)] * repeats
-    ctrl.after_probe(step, results, full, spent_ms=5.0)
-    return plan, full
+    ctrl.after_probe(step, results, what, spent_ms=5.0)
+    return plan, what
 
 
 def test_startup_probe_spans_sizes_and_decides_cheaper_path():
     ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
-    plan, full = _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
-    assert full and {k for k, _ in plan} == {"allgather", "broadcast", "allreduce"}
+    plan, what = _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
+    assert what == "full" and {k for k, _ in plan} == {"allgather", "broadcast", "allreduce"}
     sizes_k, sizes_k8 = ctrl.payload_bytes(10_000), ctrl.payload_bytes(1_250)
     for kind in ("allgather", "broadcast", "allreduce"):  # the two ends of k/8 .. k
         assert sorted(b for k, b in plan if k == kind) == sorted({sizes_k8[kind], sizes_k[kind]})
@@ -35,7 +35,9 @@ def test_startup_probe_spans_sizes_and_decides_cheaper_path():
                                                              sizes["allreduce"]))
 
 
-def test_network_change_triggers_reprobe_and_switch():
+def test_network_change_triggers_drift_probe_and_switch():
+    """Flexible (a fixed CR): drift re-probes only the unused path at the k in use and
+    re-anchors the path in use on the step timings that fired the detector."""
     mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0)
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
@@ -43,15 +45,58 @@ def test_network_change_triggers_reprobe_and_switch():
     ag_ms = ctrl.predicted_ms["allgather"]
     for step in range(1, 10):  # measurements agree with the model: no drift
         ctrl.observe_step([PATH_CODES["allgather"], ag_ms, 0.0, 0.0], 0.01)
-        assert not ctrl.full_probe_due
+        assert not ctrl.probe_due
         assert ctrl.decide(step, 0.01) == "allgather"
     for _ in range(3):  # the allgather suddenly costs 10x
-        assert not ctrl.full_probe_due
+        assert not ctrl.probe_due
         ctrl.observe_step([PATH_CODES["allgather"], 10 * ag_ms, 0.0, 0.0], 0.01)
-    assert ctrl.full_probe_due
-    plan, full = _probe(ctrl, 13, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-5)
-    assert full and ctrl.n_full_probes == 2
+    assert ctrl.drift_probe_due and not ctrl.full_probe_due
+    plan, what = _probe(ctrl, 13, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-5)
+    sizes = ctrl.payload_bytes(10_000)
+    assert what == "drift" and sorted(plan) == [("allreduce", sizes["allreduce"]),
+                                                 ("broadcast", sizes["broadcast"])]
+    assert ctrl.n_drift_probes == 1 and ctrl.n_full_probes == 1 and not ctrl.probe_due
+    # the allgather fit holds only the three slow steps now: it predicts them at the size in use
+    assert ctrl.model.fits["allgather"].n_samples == 3
     assert ctrl.decide(13, 0.01) == "allreduce"
+    assert ctrl.predicted_ms["allgather"] == pytest.approx(10 * ag_ms)
+    assert ctrl.predicted_ms["allreduce"] == pytest.approx(2.0 + 1e-5 * (sizes["broadcast"]
+                                                                         + sizes["allreduce"]))
+
+
+def test_drift_probe_after_allreduce_drift_times_the_allgather():
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
+    assert ctrl.decide(0, 0.01) == "allreduce"
+    sizes = ctrl.payload_bytes(10_000)
+    for _ in range(2):  # broadcast and allreduce 50x slower
+        ctrl.observe_step([PATH_CODES["allreduce"], 50 * (1 + 1e-6 * sizes["broadcast"]),
+                           50 * (1 + 1e-6 * sizes["allreduce"]), 0.0, 0.0], 0.01)
+    plan, what = _probe(ctrl, 3, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
+    assert what == "drift" and plan == [("allgather", sizes["allgather"])]
+    assert ctrl.decide(3, 0.01) == "allgather"  # ~9 ms against ~104 ms
+
+
+def test_drift_with_candidate_crs_runs_a_full_probe():
+    """Adaptive (candidate CRs) needs every slope after a network change: a full probe."""
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    ctrl.probe_crs = (0.1, 0.01, 0.001)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    for _ in range(2):
+        ctrl.observe_step([PATH_CODES["allgather"], 10 * ctrl.predicted_ms["allgather"], 0.0, 0.0],
+                          0.01)
+    assert ctrl.full_probe_due and not ctrl.drift_probe_due
+    plan, what = _probe(ctrl, 3, 0.01, ag_ms_per_byte=1e-5, ar_ms_per_byte=1e-5)
+    assert what == "full" and len(plan) == 6 and ctrl.n_full_probes == 2
+
+
+def test_after_probe_rejects_an_unknown_kind():
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    with pytest.raises(ValueError, match="'partial'"):
+        ctrl.after_probe(0, [], "partial", spent_ms=0.0)
 
 
 def test_step_timings_refit_the_path_in_use_and_a_slow_allreduce_fires_drift():
@@ -67,13 +112,13 @@ def test_step_timings_refit_the_path_in_use_and_a_slow_allreduce_fires_drift():
     n_bcast = ctrl.model.fits["broadcast"].n_samples
     for _ in range(6):
         ctrl.observe_step([PATH_CODES["allreduce"], bcast_ms, ar_ms, 0.0, 0.0], 0.01)
-        assert not ctrl.full_probe_due
+        assert not ctrl.probe_due
     assert ctrl.model.fits["broadcast"].n_samples == n_bcast + 6
     assert ctrl.model.predict_ms("broadcast", sizes["broadcast"]) == pytest.approx(bcast_ms)
     for _ in range(2):
-        assert not ctrl.full_probe_due
+        assert not ctrl.probe_due
         ctrl.observe_step([PATH_CODES["allreduce"], bcast_ms, 10 * ar_ms, 0.0, 0.0], 0.01)
-    assert ctrl.full_probe_due
+    assert ctrl.drift_probe_due
 
 
 def test_hysteresis_keeps_path_on_near_ties():
@@ -104,10 +149,10 @@ def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
     for _ in range(steps_needed - 1):
         ctrl.observe_step([PATH_CODES["allgather"], ag_ms, 0.0, 0.0, 0.0], 0.01)
     assert ctrl.step_comm_ms_total == pytest.approx(steps_needed * ag_ms)
-    plan, repeats, full = ctrl.probe_plan(10, 0.01)
-    assert not full and repeats == 1 and {k for k, _ in plan} == {"broadcast", "allreduce"}
+    plan, repeats, what = ctrl.probe_plan(10, 0.01)
+    assert what == "refresh" and repeats == 1 and {k for k, _ in plan} == {"broadcast", "allreduce"}
     # the allreduce path got cheap meanwhile: the refresh re-anchors its fits (slope kept)
-    ctrl.after_probe(10, [(k, b, 0.1) for k, b in plan], full=False, spent_ms=1.0)
+    ctrl.after_probe(10, [(k, b, 0.1) for k, b in plan], "refresh", spent_ms=1.0)
     assert ctrl.n_refreshes == 1 and ctrl.refresh_ms_total == pytest.approx(0.2)
     assert ctrl.decide(10, 0.01) == "allreduce"
     assert ctrl.probe_plan(15, 0.01)[0] == []  # the interval counts from the refresh
@@ -119,7 +164,7 @@ def test_state_round_trip():
     ctrl.decide(0, 0.01)
     other = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
     other.load_dict(ctrl.to_dict())
-    assert other.path == ctrl.path and not other.full_probe_due
+    assert other.path == ctrl.path and not other.probe_due
     assert other.predict(0.01) == ctrl.predict(0.01)
 
 
@@ -143,11 +188,11 @@ def test_warmup_goes_dense_when_the_dense_allreduce_is_cheaper():
     ctrl = FlexibleController(Flexible(cr=0.1, hysteresis=0.1), world_size=4, numel=NUMEL)
     ctrl.probe_crs = (0.1, 0.01, 0.001)
     ctrl.dense_until_step = 20
-    plan, _, full = ctrl.probe_plan(3, 0.8)
-    assert full and {kind for kind, _ in plan} == {"allgather", "broadcast", "allreduce"}
+    plan, _, what = ctrl.probe_plan(3, 0.8)
+    assert what == "full" and {kind for kind, _ in plan} == {"allgather", "broadcast", "allreduce"}
     assert max(b for k, b in plan if k == "allgather") == ctrl.payload_bytes(100_000)["allgather"]
     ctrl.after_probe(3, [(kind, nbytes, 0.5 + 1e-5 * nbytes) for kind, nbytes in plan],
-                     full=True, spent_ms=1.0)
+                     "full", spent_ms=1.0)
     dense_ms = 0.5 + 1e-5 * 4 * NUMEL  # 40.5 ms
     assert ctrl.decide(3, 0.8) == "dense"  # AR at 0.8: 8 bytes per kept entry, 64 ms + 1 ms
     assert ctrl.predicted_ms["dense"] == pytest.approx(dense_ms)
