@@ -126,7 +126,8 @@ class FlexibleController:
         ``k`` (no warm-up op), when ``reprobe_interval`` steps have passed since the last probe
         **and** the refreshes' total time, this one's prediction included, stays within
         ``probe_budget`` of the communication time measured in steps (both sums are of shared
-        timings, so every rank decides alike).
+        timings, so every rank decides alike; a refresh counts its timed ops plus the predicted
+        allreduce that combines their timings over ranks).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
@@ -147,10 +148,16 @@ class FlexibleController:
         interval = self.mode.reprobe_interval
         if interval and self.path and step - self.last_probe_step >= interval:
             plan = self._unused_path_plan(k)
-            cost_ms = sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
+            cost_ms = (sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
+                       + self._combine_ms(len(plan)))
             if self.refresh_ms_total + cost_ms <= self.mode.probe_budget * self.step_comm_ms_total:
                 return plan, 1, "refresh"
         return [], 0, "refresh"
+
+    def _combine_ms(self, n_timings: int) -> float:
+        """Predicted ms of the allreduce that combines ``n_timings`` probe timings (float64) over
+        ranks (``probing.run_probes``): part of what a refresh costs."""
+        return self.model.predict_ms("allreduce", 8 * n_timings)
 
     def _unused_path_plan(self, k: int) -> list[tuple[str, int]]:
         """The collectives of the sparse path not in use, at ``k`` kept entries."""
@@ -185,7 +192,7 @@ class FlexibleController:
         self.probe_ms_total += spent_ms
         if kind == "refresh":
             self.n_refreshes += 1
-            self.refresh_ms_total += sum(ms for _, _, ms in results)
+            self.refresh_ms_total += sum(ms for _, _, ms in results) + self._combine_ms(len(results))
             return
         if kind == "full":
             self.full_probe_due = False
