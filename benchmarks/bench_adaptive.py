@@ -7,12 +7,15 @@ an emulated constrained network (root only).
     python benchmarks/bench_adaptive.py --methods dense ar:0.1 adaptive adaptive:150   # warm-up 150
     python benchmarks/bench_adaptive.py --render results/adaptive/adaptive.json   # tables/plots only
     python benchmarks/bench_adaptive.py --seeds 42 43 44 --methods dense ag:0.01 adaptive:0
+    python benchmarks/bench_adaptive.py --launcher mpirun ...   # Open MPI instead of Gloo
 
 Setting: N ranks (``--n``, default 4), one per network namespace of the emulator
 (``hvd_flexcomm.netem``), every link ``--delay-ms`` one way (default 5) and ``--rate-mbit``
 (default 100); each method trains in its own ``horovodrun --gloo`` job (``adaptive_job.py``) on a
 fresh emulator, so that no method inherits TCP state (a congestion window cut by losses) from the
-ones before it (``--no-job-per-method``: one job trains every method in turn).
+ones before it (``--no-job-per-method``: one job trains every method in turn). ``--launcher
+mpirun``: the jobs run under Open MPI's ``mpirun`` over TCP instead (Horovod's MPI controller, and
+Adaptive announces its CRs with mpi4py).
 Model: ``MLP(hidden=768, depth=2)`` = 784-768-768-10, **1,201,162 parameters** (4.8 MB of float32
 gradient per step: a dense ring allreduce moves ~7 MB per rank at N=4, ~0.6 s at 100 Mbit/s). SGD,
 momentum 0.9, lr 0.01 per rank (x N), batch 64 per rank, the 60 000 training images; accuracy on
@@ -157,7 +160,8 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
                 link["throughput_mbit"] = emu.measure_throughput_mbit(0, 1, seconds=1.0)
             print(f"[bench_adaptive] emulated link: RTT {link['rtt_ms']:.2f} ms"
                   + (f", TCP {link['throughput_mbit']:.1f} Mbit/s" if check_link else ""), flush=True)
-            proc = start_in_emulator(emu, n, JOB, ctl, log_path)
+            proc = start_in_emulator(emu, n, JOB, ctl, log_path,
+                                     launcher=plan.get("launcher", "horovodrun"))
             try:
                 error = _follow(proc, ctl, log_path, timeout_s)
             finally:
@@ -304,6 +308,13 @@ def _fmt_probes(row: dict[str, Any]) -> str:
             + "/".join("-" if c is None else str(c) for c in counts) + ")")
 
 
+def _launcher(settings: dict[str, Any]) -> str:
+    """How the jobs were launched (runs saved before ``--launcher`` existed used horovodrun)."""
+    if settings.get("launcher", "horovodrun") == "mpirun":
+        return "mpirun over TCP, Horovod's MPI controller"
+    return "horovodrun --gloo"
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     rows = result["rows"]
@@ -311,7 +322,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Adaptive CR: time to Dense accuracy - {100 * s['target_drop']:g} point",
         "",
-        f"N = {s['n']} ranks, {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way "
+        f"N = {s['n']} ranks ({_launcher(s)}), {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way "
         f"(measured RTT {result['link'].get('rtt_ms', float('nan')):.2f} ms"
         + (f", TCP {result['link']['throughput_mbit']:.1f} Mbit/s" if "throughput_mbit" in result["link"]
            else "") + f"); model {s['model_name']} ({s['parameters']:,} parameters); batch "
@@ -518,7 +529,8 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
     s = results[0]["settings"]
     lines = [f"# Adaptive CR over {len(seeds)} seeds: time to Dense accuracy - "
              f"{100 * s['target_drop']:g} point", "",
-             f"N = {s['n']}, {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way; {s['model_name']}; "
+             f"N = {s['n']} ({_launcher(s)}), {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way; "
+             f"{s['model_name']}; "
              f"seeds {', '.join(map(str, seeds))} (initial weights and data order; each seed has "
              "its own Dense run, target and time budget, see `seed<S>/adaptive.md`). Times in s of "
              "training clock; `-` = target not reached within the budget (counted as slower than "
@@ -624,6 +636,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--depth", type=int, default=MODEL["depth"], help="MLP hidden layers")
     ap.add_argument("--timeout-s", type=float, default=None, help="job timeout (default 45 min; "
                     "--quick: 240 s)")
+    ap.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun",
+                    help="horovodrun --gloo (default; Adaptive announces over hvd.broadcast_object) or "
+                         "Open MPI's mpirun over TCP (Horovod's MPI controller; announcements over mpi4py)")
     ap.add_argument("--job-per-method", action=argparse.BooleanOptionalAction, default=True,
                     help="each method in its own job on a fresh emulator (default; "
                          "--no-job-per-method: one job trains them all in turn)")
@@ -680,7 +695,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "model": model, "model_name": f"MLP(784-{'-'.join([str(hidden)] * args.depth)}-10)",
         "parameters": params, "batch_size": args.batch_size, "lr": args.lr,
         "momentum": args.momentum, "seed": args.seed, "dense_steps": dense_steps,
-        "job_per_method": args.job_per_method,
+        "job_per_method": args.job_per_method, "launcher": args.launcher,
         "time_factor": time_factor, "step_factor": step_factor,
         "max_steps_other": int(round(step_factor * dense_steps)),
         "target_drop": args.target_drop, "eval_every": eval_every, "warmup_steps": warmup,
@@ -692,7 +707,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "momentum": args.momentum, "seed": args.seed, "methods": methods,
             "dense_steps": dense_steps, "time_factor": time_factor,
             "step_factor": step_factor, "target_drop": args.target_drop,
-            "eval_every": eval_every}
+            "eval_every": eval_every, "launcher": args.launcher}
     seeds = args.seeds or [args.seed]
     results, failed = [], False
     for seed in seeds:

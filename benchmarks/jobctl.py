@@ -114,10 +114,17 @@ def control_dir(prefix: str, plan: dict[str, Any]) -> Iterator[str]:
 
 
 def start_in_emulator(emu: Any, n: int, job_script: str, ctl: str,
-                      log_path: str) -> subprocess.Popen:
+                      log_path: str, launcher: str = "horovodrun") -> subprocess.Popen:
     """Launch ``job_script --ctl ctl`` on ``n`` hosts of the network emulator ``emu`` through
-    ``horovodrun`` (its own process group), output to ``log_path``."""
-    argv = emu.horovodrun_argv(n, [sys.executable, job_script, "--ctl", ctl], start_timeout_s=120)
+    ``horovodrun --gloo`` or Open MPI's ``mpirun`` (``launcher``; its own process group), output
+    to ``log_path``."""
+    script = [sys.executable, job_script, "--ctl", ctl]
+    if launcher == "horovodrun":
+        argv = emu.horovodrun_argv(n, script, start_timeout_s=120)
+    elif launcher == "mpirun":
+        argv = emu.mpirun_argv(n, script)
+    else:
+        raise ValueError(f"launcher must be 'horovodrun' or 'mpirun', got {launcher!r}")
     with open(log_path, "w") as log:
         return subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
