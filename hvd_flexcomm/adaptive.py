@@ -10,7 +10,7 @@ Who does what:
   control entries of its step payload (``sync.py``) once a solve has finished, every rank receives
   the flag with that step's collective, and the next multiple of ``sync_every`` after it runs the
   broadcast on every rank (no broadcast, no network round trip, on the other steps: at 5 ms one
-  way and N=4 a ``hvd.broadcast_object`` costs ~0.27 s). A solved CR within ``min_cr_change`` of
+  way and N=4 a ``hvd.broadcast_object`` costs 0.23–0.31 s). A solved CR within ``min_cr_change`` of
   the current one is not announced at all (rank 0 keeps it as ``last_result``);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with

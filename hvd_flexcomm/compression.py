@@ -228,7 +228,7 @@ class Adaptive(Flexible):
       ``min_interval`` steps.
     - ``min_cr_change`` (fraction of the current CR): a solved CR closer than this to the current
       one is kept on rank 0 and not announced. A change costs the broadcast plus Horovod's
-      renegotiation of the new message sizes, ~0.35 s at 5 ms one way and N=4
+      renegotiation of the new message sizes, 0.3–0.4 s at 5 ms one way and N=4
       (``docs/performance/horovod_op_cost.md``), for a CR a few percent off; 0 announces every
       solve.
     """
