@@ -141,7 +141,7 @@ def adaptive_defaults() -> dict[str, Any]:
     return {"cr": a.cr, "c_low": a.c_low, "c_high": a.c_high, "candidates": list(a.candidates),
             "weights": list(a.weights), "gain_every": a.gain_every, "sync_every": a.sync_every,
             "min_interval": a.min_interval, "gain_threshold": a.gain_threshold,
-            "selector": a.selector}
+            "selector": a.selector, "min_cr_change": a.min_cr_change}
 
 
 # -- running the job ------------------------------------------------------------------------------
