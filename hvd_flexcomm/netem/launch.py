@@ -103,12 +103,17 @@ def mpirun_argv(namespace0: str, hosts: Sequence[str], ifname: str, np: int,
 
     ``--mca btl tcp,self`` keeps shared memory from bypassing the emulated links; ``ssh_path`` (the
     stand-in) is the rsh agent that starts ``orted`` in each host's namespace.
+    ``rtc_hwloc_vmhole none``: Open MPI 4.1's rtc/hwloc component then creates no shared-memory
+    copy of the hardware topology (it maps one at a "hole" of the address space otherwise); once
+    in ~15 launches on this machine (2026-12-03) an ``orted`` crashed in
+    ``hwloc_shmem_topology_write`` at start-up. The ranks read the topology themselves instead.
     """
     return [
         "ip", "netns", "exec", namespace0,
         "mpirun", "--allow-run-as-root", "-np", str(np), "-H", _host_list(hosts, np),
         "--mca", "plm_rsh_agent", ssh_path,
         "--mca", "btl", "tcp,self",
+        "--mca", "rtc_hwloc_vmhole", "none",
         "--mca", "btl_tcp_if_include", ifname,
         "--mca", "oob_tcp_if_include", ifname,
         "-x", "PATH", "-x", "HOROVOD_GLOO_IFACE",
