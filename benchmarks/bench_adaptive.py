@@ -491,16 +491,21 @@ def _tta_key(t: Optional[float]) -> float:
 
 def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method: time to target and final accuracy (vs Dense) per seed and their medians; the
-    Adaptive targets judged on the medians and seed by seed."""
-    names = [r["name"] for r in results[0]["rows"]]
+    Adaptive targets judged on the medians and seed by seed. A method whose job failed in a seed
+    (no row) counts in neither that seed's comparison nor its median (``ran`` is False)."""
+    names: list[str] = [m["name"] for m in results[0]["settings"].get("methods", [])]  # plan order
+    for res in results:  # and any other method a seed ran
+        names += [r["name"] for r in res["rows"] if r["name"] not in names]
+    names = [n for n in names if any(r["name"] == n for res in results for r in res["rows"])]
     methods = []
     for name in names:
         rows = [next((r for r in res["rows"] if r["name"] == name), None) for res in results]
         ttas = [None if r is None else r["time_to_target_s"] for r in rows]
-        median = statistics.median(_tta_key(t) for t in ttas)
+        median = statistics.median(_tta_key(t) for t, r in zip(ttas, rows) if r is not None)
         methods.append({
             "name": name, "kind": next(r["kind"] for r in rows if r is not None),
-            "tta_s": ttas, "median_tta_s": None if math.isinf(median) else median,
+            "tta_s": ttas, "ran": [r is not None for r in rows],
+            "median_tta_s": None if math.isinf(median) else median,
             "reached": sum(t is not None for t in ttas),
             "delta_vs_dense_pts": [None if r is None else r["delta_vs_dense_pts"] for r in rows],
             "mean_step_ms": [None if r is None else r["mean_step_ms"] for r in rows],
@@ -510,7 +515,7 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         others = [m for m in methods if m["kind"] != "adaptive"]
         t_ada = _tta_key(ada["median_tta_s"])
         best = min(others, key=lambda m: _tta_key(m["median_tta_s"]), default=None)
-        per_seed = [all(_tta_key(a) < _tta_key(m["tta_s"][i]) for m in others)
+        per_seed = [all(_tta_key(a) < _tta_key(m["tta_s"][i]) for m in others if m["ran"][i])
                     for i, a in enumerate(ada["tta_s"])]
         out.setdefault("adaptive", {})[ada["name"]] = {
             "median_faster_than_all": all(t_ada < _tta_key(m["median_tta_s"]) for m in others),
@@ -534,14 +539,18 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
              f"seeds {', '.join(map(str, seeds))} (initial weights and data order; each seed has "
              "its own Dense run, target and time budget, see `seed<S>/adaptive.md`). Times in s of "
              "training clock; `-` = target not reached within the budget (counted as slower than "
-             "any time when taking medians).", "",
+             "any time when taking medians); `failed` = the method's job failed in that seed (left "
+             "out of that seed and of the median).", "",
              "| method | " + " | ".join(f"seed {x} (s)" for x in seeds)
              + " | median (s) | reached | final acc vs Dense (pts) | mean step (ms) |",
              "|---|" + "---:|" * len(seeds) + "---:|---:|---|---|"]
     for m in summary["methods"]:
         lines.append(
-            f"| {m['name']} | " + " | ".join(_fmt_s(t).replace("not reached", "-") for t in m["tta_s"])
-            + f" | {_fmt_s(m['median_tta_s']).replace('not reached', '-')} | {m['reached']}/{len(seeds)}"
+            f"| {m['name']} | " + " | ".join(
+                _fmt_s(t).replace("not reached", "-") if ran else "failed"
+                for t, ran in zip(m["tta_s"], m.get("ran", [True] * len(seeds))))
+            + f" | {_fmt_s(m['median_tta_s']).replace('not reached', '-')} | "
+            f"{m['reached']}/{sum(m.get('ran', [True] * len(seeds)))}"
             + " | " + ", ".join("-" if d is None else f"{d:+.2f}" for d in m["delta_vs_dense_pts"])
             + " | " + ", ".join("-" if x is None else f"{x:.0f}" for x in m["mean_step_ms"]) + " |")
     for name, a in summary.get("adaptive", {}).items():
@@ -569,7 +578,8 @@ def seeds_plot(summary: dict[str, Any], path: str) -> None:
     budget = max((t for m in methods for t in m["tta_s"] if t is not None), default=1.0) * 1.1
     for j, seed in enumerate(seeds):
         xs = [i + (j - (len(seeds) - 1) / 2) * width for i in range(len(methods))]
-        ys = [budget if m["tta_s"][j] is None else m["tta_s"][j] for m in methods]
+        ys = [(budget if m["tta_s"][j] is None else m["tta_s"][j])
+              if m.get("ran", [True] * len(seeds))[j] else 0.0 for m in methods]
         bars = ax.bar(xs, ys, width, label=f"seed {seed}")
         for bar, m in zip(bars, methods):
             if m["tta_s"][j] is None:

@@ -93,3 +93,24 @@ def test_seed_summary_takes_medians_with_misses_counted_slowest():
     assert not verdict["within_1pt_every_seed"]  # seed 3 ended 1.5 points below Dense
     md = bench.seeds_markdown(summary, results)
     assert "| Adaptive | 40.0 | - | 45.0 | 45.0 | 2/3 |" in md
+
+
+def test_seed_summary_lists_a_method_whose_job_failed_in_the_first_seed():
+    """A method with no row in a seed (its job failed) is still listed, shown as ``failed`` there,
+    and left out of that seed's comparison and of its median."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    results = [
+        _seed_result(1, {"Dense": ("dense", 90.0, 0.0), "Adaptive": ("adaptive", 40.0, 0.5)}),
+        _seed_result(2, {"Dense": ("dense", 95.0, 0.0), "Flexible 0.01": ("flexible", 30.0, 0.0),
+                         "Adaptive": ("adaptive", 45.0, 0.5)}),
+        _seed_result(3, {"Dense": ("dense", 99.0, 0.0), "Flexible 0.01": ("flexible", 50.0, 0.0),
+                         "Adaptive": ("adaptive", 42.0, 0.5)}),
+    ]
+    summary = bench.seed_summary(results)
+    flex = next(m for m in summary["methods"] if m["name"] == "Flexible 0.01")
+    assert flex["ran"] == [False, True, True] and flex["median_tta_s"] == 40.0  # of (30, 50)
+    verdict = summary["adaptive"]["Adaptive"]
+    assert verdict["seeds_faster_than_all"] == 2  # seeds 1 (Flexible failed) and 3
+    assert "| Flexible 0.01 | failed | 30.0 | 50.0 | 40.0 | 2/2 |" in bench.seeds_markdown(summary, results)
