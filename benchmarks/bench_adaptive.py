@@ -94,6 +94,7 @@ from benchmarks.jobctl import (  # noqa: E402
     stop,
     timed_out,
 )
+from hvd_flexcomm.netem.emulator import LAUNCHERS  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adaptive_job.py")
 TAG = "[adaptive_job]"
@@ -548,9 +549,9 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
         lines.append(
             f"| {m['name']} | " + " | ".join(
                 _fmt_s(t).replace("not reached", "-") if ran else "failed"
-                for t, ran in zip(m["tta_s"], m.get("ran", [True] * len(seeds))))
+                for t, ran in zip(m["tta_s"], m["ran"]))
             + f" | {_fmt_s(m['median_tta_s']).replace('not reached', '-')} | "
-            f"{m['reached']}/{sum(m.get('ran', [True] * len(seeds)))}"
+            f"{m['reached']}/{sum(m['ran'])}"
             + " | " + ", ".join("-" if d is None else f"{d:+.2f}" for d in m["delta_vs_dense_pts"])
             + " | " + ", ".join("-" if x is None else f"{x:.0f}" for x in m["mean_step_ms"]) + " |")
     for name, a in summary.get("adaptive", {}).items():
@@ -579,7 +580,7 @@ def seeds_plot(summary: dict[str, Any], path: str) -> None:
     for j, seed in enumerate(seeds):
         xs = [i + (j - (len(seeds) - 1) / 2) * width for i in range(len(methods))]
         ys = [(budget if m["tta_s"][j] is None else m["tta_s"][j])
-              if m.get("ran", [True] * len(seeds))[j] else 0.0 for m in methods]
+              if m["ran"][j] else 0.0 for m in methods]
         bars = ax.bar(xs, ys, width, label=f"seed {seed}")
         for bar, m in zip(bars, methods):
             if m["tta_s"][j] is None:
@@ -646,7 +647,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--depth", type=int, default=MODEL["depth"], help="MLP hidden layers")
     ap.add_argument("--timeout-s", type=float, default=None, help="job timeout (default 45 min; "
                     "--quick: 240 s)")
-    ap.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun",
+    ap.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
                     help="horovodrun --gloo (default; Adaptive announces over hvd.broadcast_object) or "
                          "Open MPI's mpirun over TCP (Horovod's MPI controller; announcements over mpi4py)")
     ap.add_argument("--job-per-method", action=argparse.BooleanOptionalAction, default=True,

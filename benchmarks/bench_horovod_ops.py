@@ -126,7 +126,7 @@ def run(n: int, delay_ms: float, rate_mbit: Optional[float], iters: int, element
     script = [sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(iters),
               "--elements", str(elements)]
     with Emulator(n_hosts=n, link=LinkSpec(delay_ms=delay_ms, rate_mbit=rate_mbit)) as emu:
-        argv = emu.horovodrun_argv(n, script) if launcher == "horovodrun" else emu.mpirun_argv(n, script)
+        argv = emu.launcher_argv(launcher, n, script)
         proc = subprocess.run(argv, env={**os.environ, **emu.env()}, capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)
     for line in proc.stdout.splitlines():
@@ -140,6 +140,9 @@ def run(n: int, delay_ms: float, rate_mbit: Optional[float], iters: int, element
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    sys.path.insert(0, REPO)
+    from hvd_flexcomm.netem.emulator import LAUNCHERS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="N=2, 3 timed calls per kind")
@@ -149,7 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=None, help="timed calls per kind (default 8)")
     ap.add_argument("--elements", type=int, default=12_000,
                     help="float32 per rank in the allgathers (default 12000: k of MLP 1.2M at CR 0.01)")
-    ap.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    ap.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun")
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--out", default=os.path.join(REPO, "results", "horovod_ops"))
     a = ap.parse_args(argv)
@@ -161,7 +164,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     n = a.n or (2 if a.quick else 4)
     if n < 2:
         ap.error(f"--n must be >= 2, got {n}")
-    sys.path.insert(0, REPO)
     result = run(n, a.delay_ms, a.rate_mbit or None, iters, a.elements, a.launcher, a.timeout_s)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "ops.json"), "w") as f:

@@ -118,13 +118,8 @@ def start_in_emulator(emu: Any, n: int, job_script: str, ctl: str,
     """Launch ``job_script --ctl ctl`` on ``n`` hosts of the network emulator ``emu`` through
     ``horovodrun --gloo`` or Open MPI's ``mpirun`` (``launcher``; its own process group), output
     to ``log_path``."""
-    script = [sys.executable, job_script, "--ctl", ctl]
-    if launcher == "horovodrun":
-        argv = emu.horovodrun_argv(n, script, start_timeout_s=120)
-    elif launcher == "mpirun":
-        argv = emu.mpirun_argv(n, script)
-    else:
-        raise ValueError(f"launcher must be 'horovodrun' or 'mpirun', got {launcher!r}")
+    argv = emu.launcher_argv(launcher, n, [sys.executable, job_script, "--ctl", ctl],
+                             start_timeout_s=120)
     with open(log_path, "w") as log:
         return subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

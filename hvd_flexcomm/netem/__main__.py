@@ -27,7 +27,7 @@ import sys
 from typing import Optional
 
 from . import namespaces
-from .emulator import Emulator
+from .emulator import LAUNCHERS, Emulator
 from .spec import LinkSpec
 
 
@@ -111,7 +111,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = sub.add_parser("horovod-demo", help="time allreduces under rate and delay")
     p.add_argument("--delay-ms", type=float, default=5.0)
     p.add_argument("--rate-mbit", type=float, default=100.0)
-    p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun")
     p.add_argument("--big-elements", type=int, default=6_553_600,
                    help="float32 entries of the big allreduce (default 6553600 = 26.2 MB)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per job")

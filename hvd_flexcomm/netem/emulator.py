@@ -44,7 +44,10 @@ from typing import Any, Optional
 from . import launch, namespaces
 from .spec import LinkSpec
 
-__all__ = ["Emulator"]
+__all__ = ["Emulator", "LAUNCHERS"]
+
+#: What :meth:`Emulator.launcher_argv` starts jobs with.
+LAUNCHERS = ("horovodrun", "mpirun")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 RELAY_SCRIPT = os.path.join(_HERE, "relay.py")
@@ -418,3 +421,13 @@ class Emulator:
         """argv of Open MPI ``mpirun`` (TCP only) run inside host 0's namespace; use :meth:`env`."""
         return launch.mpirun_argv(self.namespaces[0], self.hosts, self.ifname, np, script_argv,
                                   os.path.join(self.bin_dir, "ssh"), extra_args)
+
+    def launcher_argv(self, launcher: str, np: int, script_argv: Sequence[str],
+                      start_timeout_s: int = 60) -> list[str]:
+        """argv of :meth:`horovodrun_argv` (``launcher="horovodrun"``, ``start_timeout_s`` in s)
+        or :meth:`mpirun_argv` (``"mpirun"``); any other ``launcher`` raises ValueError."""
+        if launcher == "horovodrun":
+            return self.horovodrun_argv(np, script_argv, start_timeout_s=start_timeout_s)
+        if launcher == "mpirun":
+            return self.mpirun_argv(np, script_argv)
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")

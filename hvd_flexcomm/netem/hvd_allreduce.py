@@ -38,12 +38,7 @@ def run_job(emu: Emulator, np: int = 2, elements: int = 1, iters: int = 5, warmu
     """
     script = [sys.executable, WORKER, "--elements", str(elements), "--iters", str(iters),
               "--warmup", str(warmup)]
-    if launcher == "horovodrun":
-        argv = emu.horovodrun_argv(np, script)
-    elif launcher == "mpirun":
-        argv = emu.mpirun_argv(np, script)
-    else:
-        raise ValueError(f"launcher must be 'horovodrun' or 'mpirun', got {launcher!r}")
+    argv = emu.launcher_argv(launcher, np, script)
     t0 = time.perf_counter()
     res = subprocess.run(argv, env={**os.environ, **emu.env()}, capture_output=True, text=True,
                          timeout=timeout_s, stdin=subprocess.DEVNULL)
