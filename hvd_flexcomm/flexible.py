@@ -271,14 +271,13 @@ class FlexibleController:
         self.step_comm_ms_total += measured
         if self.drift.update(predicted, measured):
             # candidate CRs (Adaptive) need every slope: a full probe; a fixed CR needs its size
-            what = "full" if self.probe_crs else "drift"
-            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms for "
-                     "%d steps: %s probe of the network", path, measured, predicted,
-                     self.drift.patience, what)
             if self.probe_crs:
                 self.full_probe_due = True
             else:
                 self.drift_probe_due = True
+            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms for "
+                     "%d steps: %s probe of the network", path, measured, predicted,
+                     self.drift.patience, "full" if self.full_probe_due else "drift")
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
