@@ -417,30 +417,59 @@ def probe_ks(numel: int, crs: Iterable[float], widen: int = 8) -> list[int]:
 class DriftDetector:
     """Flags a sustained mismatch between predicted and measured times.
 
-    A step *violates* when ``|measured - predicted| / predicted > threshold`` (relative error; a
-    non-positive prediction counts as a violation whenever ``measured > 0``). :meth:`update` returns
-    True on the step that completes ``patience`` consecutive violations, and then starts counting
-    afresh (so a persistent drift fires again every ``patience`` steps until the model is
-    recalibrated). Any non-violating step resets the count: isolated outliers never fire.
+    A step *violates* when ``|measured - predicted|`` exceeds the larger of
+    ``threshold * predicted`` (a relative error; a non-positive prediction makes every
+    ``measured > 0`` a violation unless the noise allowance covers it) and, when
+    ``noise_sigmas > 0``, ``noise_sigmas`` robust standard deviations of the measurements fed
+    since the last :meth:`reset` (``1.4826 * MAD`` of the last ``noise_window`` of them, once at
+    least ``patience`` are known; the step's own measurement is not part of its allowance).
+    The second term keeps a path whose timings scatter by more than ``threshold`` around their
+    median (e.g. TCP at 10 ms one way, which alternates between two levels 50% apart) from firing
+    on its own noise, while a real change, which moves every timing past the old spread, still
+    fires. :meth:`update` returns True on the step that completes ``patience`` consecutive
+    violations, and then starts counting afresh (so a persistent drift fires again every
+    ``patience`` steps until the model is recalibrated). Any non-violating step resets the
+    count: isolated outliers never fire.
     """
 
-    def __init__(self, threshold: float = 0.25, patience: int = 5) -> None:
-        """``threshold``: relative error (fraction, > 0). ``patience``: consecutive steps (>= 1)."""
+    def __init__(self, threshold: float = 0.25, patience: int = 5, noise_sigmas: float = 0.0,
+                 noise_window: int = 32) -> None:
+        """``threshold``: relative error (fraction, > 0). ``patience``: consecutive steps (>= 1).
+        ``noise_sigmas``: the noise allowance in robust standard deviations (>= 0; 0: none).
+        ``noise_window``: measurements the spread is taken over (>= patience)."""
         if not (math.isfinite(threshold) and threshold > 0):
             raise ValueError(f"threshold must be finite and > 0, got {threshold!r}")
         if int(patience) != patience or patience < 1:
             raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
+        if not (math.isfinite(noise_sigmas) and noise_sigmas >= 0):
+            raise ValueError(f"noise_sigmas must be finite and >= 0, got {noise_sigmas!r}")
+        if int(noise_window) != noise_window or noise_window < patience:
+            raise ValueError(f"noise_window must be an integer >= patience = {patience}, "
+                             f"got {noise_window!r}")
         self.threshold = float(threshold)
         self.patience = int(patience)
+        self.noise_sigmas = float(noise_sigmas)
         self.count = 0
+        self.history: deque[float] = deque(maxlen=int(noise_window))
+
+    @property
+    def noise_ms(self) -> float:
+        """Robust standard deviation (``1.4826 * MAD``, in the measurements' unit, ms) of the
+        measurements since the last reset; 0.0 until ``patience`` are known."""
+        if len(self.history) < self.patience:
+            return 0.0
+        values = np.asarray(self.history, dtype=np.float64)
+        return float(1.4826 * np.median(np.abs(values - np.median(values))))
+
+    def allowance_ms(self, predicted_ms: float) -> float:
+        """The error a measurement may have without violating (ms, >= 0)."""
+        return max(self.threshold * max(predicted_ms, 0.0), self.noise_sigmas * self.noise_ms)
 
     def violates(self, predicted_ms: float, measured_ms: float) -> bool:
-        """Whether one (prediction, measurement) pair is off by more than ``threshold``."""
+        """Whether one (prediction, measurement) pair is off by more than the allowance."""
         if not (math.isfinite(predicted_ms) and math.isfinite(measured_ms)):
             raise ValueError(f"non-finite times: predicted={predicted_ms}, measured={measured_ms}")
-        if predicted_ms <= 0.0:
-            return measured_ms > 0.0
-        return abs(measured_ms - predicted_ms) / predicted_ms > self.threshold
+        return abs(measured_ms - predicted_ms) > self.allowance_ms(predicted_ms)
 
     def update(self, predicted_ms: float, measured_ms: float) -> bool:
         """Feed one step (both in ms); True when this step completes ``patience`` violations."""
@@ -448,11 +477,19 @@ class DriftDetector:
             self.count += 1
         else:
             self.count = 0
+        self.history.append(float(measured_ms))
         if self.count >= self.patience:
             self.count = 0
             return True
         return False
 
+    def clear_history(self) -> None:
+        """Forget the measurements behind the noise allowance (the timings start a new regime:
+        another path or message size); the violation count goes on."""
+        self.history.clear()
+
     def reset(self) -> None:
-        """Clear the consecutive-violation count."""
+        """Clear the consecutive-violation count and the measurements behind the noise
+        allowance (after a probe)."""
         self.count = 0
+        self.history.clear()

@@ -138,6 +138,11 @@ class Flexible(TopkCompression):
     - ``drift_threshold`` / ``drift_patience``: re-probe the network when the measured
       communication time of the path in use is off its prediction by more than this fraction for
       this many consecutive steps.
+    - ``drift_noise``: ... and by more than this many robust standard deviations (1.4826·MAD)
+      of that path's step timings since the last probe or switch (once ``drift_patience``
+      are known): a path whose timings scatter by more than ``drift_threshold`` on their own
+      (e.g. bimodal TCP timings at 10 ms one way) does not trigger probes with its noise. 0:
+      the relative threshold alone.
     - ``reprobe_interval``: at most every this many steps, time the path *not* in use once (one
       small probe per collective kind), so its prediction does not go stale. 0 disables.
     - ``probe_budget``: such refreshes run only while their total time (ms) stays within this
@@ -155,6 +160,7 @@ class Flexible(TopkCompression):
     hysteresis: float = 0.1
     drift_threshold: float = 0.25
     drift_patience: int = 5
+    drift_noise: float = 2.0
     reprobe_interval: int = 100
     probe_budget: float = 0.02
     probe_repeats: int = 2
@@ -172,6 +178,8 @@ class Flexible(TopkCompression):
                         "measured communication time, e.g. 0.02)")
         _check_ints(self, ("drift_patience", "probe_repeats"), minimum=1)
         _check_ints(self, ("reprobe_interval",), minimum=0)
+        _check_positive("drift_noise", self.drift_noise, "a number of standard deviations >= 0 "
+                        "(0 disables the noise allowance)", allow_zero=True)
 
     def describe(self) -> str:
         return (f"Flexible(cr={self.cr:g}, selector={self.selector!r}, "
@@ -187,10 +195,11 @@ def _check_ints(settings: Any, names: tuple, minimum: int) -> None:
             raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
-def _check_positive(name: str, value: Any, what: str) -> None:
-    """``value`` must be a finite number > 0 (not a bool); the error says it must be ``what``."""
+def _check_positive(name: str, value: Any, what: str, allow_zero: bool = False) -> None:
+    """``value`` must be a finite number > 0 (>= 0 with ``allow_zero``; not a bool); the error
+    says it must be ``what``."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
+    if not ok or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be {what}, got {value!r}")
 
 

@@ -63,7 +63,10 @@ class FlexibleController:
         self.reduce_value_bytes = reduce_value_bytes or value_bytes
         self.model = CollectiveCostModel(world_size)
         self.router = Router(mode.hysteresis)
-        self.drift = DriftDetector(mode.drift_threshold, mode.drift_patience)
+        self.drift = DriftDetector(mode.drift_threshold, mode.drift_patience, mode.drift_noise)
+        #: (path, k) of the last step fed to the drift detector: its noise allowance holds for
+        #: one path at one message size
+        self.drift_key: Optional[tuple[str, int]] = None
         self.path: Optional[str] = None
         self.predicted_ms: dict[str, float] = {}
         self.full_probe_due = True  # start-up calibration
@@ -102,7 +105,8 @@ class FlexibleController:
 
     def predict(self, cr: float) -> dict[str, float]:
         """Predicted ms of each path at compression ratio ``cr`` from the calibrated fits."""
-        sizes = self.payload_bytes(k_for(cr, self.numel))
+        k = k_for(cr, self.numel)
+        sizes = self.payload_bytes(k)
         ag = self.model.predict_ms("allgather", sizes["allgather"])
         ar = self.model.predict_ms("broadcast", sizes["broadcast"]) + self.model.predict_ms(
             "allreduce", sizes["allreduce"])
@@ -256,7 +260,8 @@ class FlexibleController:
         path = _PATH_OF_CODE.get(code)
         if path is None:
             return  # no previous step (first step after start or a probe)
-        sizes = self.payload_bytes(k_for(cr, self.numel))
+        k = k_for(cr, self.numel)
+        sizes = self.payload_bytes(k)
         predicted = self.predict(cr)[path]
         if path == "allgather":
             samples = [("allgather", sizes["allgather"], t1)]
@@ -269,15 +274,20 @@ class FlexibleController:
         self.recent_steps.append(samples)
         measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
+        if (path, k) != self.drift_key:
+            self.drift.clear_history()  # another path or size: its timings have their own spread
+            self.drift_key = (path, k)
+        allowed = self.drift.allowance_ms(predicted)
         if self.drift.update(predicted, measured):
             # candidate CRs (Adaptive) need every slope: a full probe; a fixed CR needs its size
             if self.probe_crs:
                 self.full_probe_due = True
             else:
                 self.drift_probe_due = True
-            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms for "
-                     "%d steps: %s probe of the network", path, measured, predicted,
-                     self.drift.patience, "full" if self.full_probe_due else "drift")
+            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms by more "
+                     "than %.2f ms for %d steps: %s probe of the network", path, measured,
+                     predicted, allowed, self.drift.patience,
+                     "full" if self.full_probe_due else "drift")
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

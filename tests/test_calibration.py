@@ -386,6 +386,46 @@ def test_drift_threshold_is_strict_and_handles_zero_prediction():
         DriftDetector(patience=0)
 
 
+def test_drift_noise_allowance_is_the_spread_of_earlier_measurements():
+    det = DriftDetector(threshold=0.25, patience=4, noise_sigmas=2.0, noise_window=8)
+    assert det.noise_ms == 0.0
+    for ms in (100.0, 170.0, 100.0):  # fewer than patience: no allowance yet
+        det.update(135.0, ms)
+    assert det.noise_ms == 0.0 and det.allowance_ms(135.0) == pytest.approx(0.25 * 135.0)
+    det.update(135.0, 170.0)
+    # MAD of {100, 100, 170, 170} around its median 135 is 35
+    assert det.noise_ms == pytest.approx(1.4826 * 35.0)
+    assert det.allowance_ms(135.0) == pytest.approx(2.0 * 1.4826 * 35.0)
+    # 35 ms off (26%) is within the allowance now; 120 ms off is not, whatever came before
+    assert not det.violates(135.0, 170.0) and det.violates(135.0, 255.0)
+    # a measurement is judged by the spread before it: one huge value does not excuse itself
+    det2 = DriftDetector(threshold=0.25, patience=1, noise_sigmas=2.0, noise_window=4)
+    det2.update(100.0, 100.0)
+    assert not det2.update(100.0, 101.0)
+    assert det2.update(100.0, 1000.0)
+
+
+def test_drift_clear_history_keeps_the_count_and_reset_clears_both():
+    det = DriftDetector(threshold=0.25, patience=3, noise_sigmas=2.0)
+    for ms in (10.0,) * 6:
+        det.update(10.0, ms)
+    det.update(10.0, 20.0)
+    det.clear_history()
+    assert det.count == 1 and len(det.history) == 0
+    det.update(10.0, 20.0)
+    det.reset()
+    assert det.count == 0 and len(det.history) == 0
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"noise_sigmas": -1.0}, "noise_sigmas"), ({"noise_sigmas": float("inf")}, "noise_sigmas"),
+    ({"patience": 5, "noise_window": 4}, "noise_window"), ({"noise_window": 10.5}, "noise_window"),
+])
+def test_drift_rejects_bad_noise_settings(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        DriftDetector(**kwargs)
+
+
 @settings(deadline=None)  # shared, noisy CI machines
 @given(
     violations=st.lists(st.booleans(), max_size=60),
