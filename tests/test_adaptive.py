@@ -92,6 +92,23 @@ def test_more_weight_on_time_means_lower_cr():
     assert fast < accurate
 
 
+def test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale():
+    """A documented property of the paper's decomposition (ASF on the front normalised by its
+    ideal and nadir): when the time curve is fitted as ``a + b·c``, its normalised values are
+    ``(c - c_low) / (c_high - c_low)`` whatever ``a`` and ``b`` are, so the network's latency and
+    bandwidth do not move the pick; only a time curve of another shape (e.g. the cheaper path
+    changing inside the range, which the line does not fit) or the gains do."""
+    crs = np.array(CANDS)
+    gains = np.minimum(1, 2 * crs ** 0.4)
+    picks = {solve_cr(crs, a + b * crs, gains, 0.001, 0.1).cr
+             for a, b in [(1, 200), (100, 2500), (5, 10), (300, 30_000)]}
+    assert len(picks) == 1
+    kinked = np.minimum(5 + 3000 * crs, 60 + 200 * crs)  # AG below c~0.02, AR above
+    res = solve_cr(crs, kinked, gains, 0.001, 0.1)
+    assert res.curves["time"] == "interpolation"
+    assert abs(res.cr - picks.pop()) > 0.002
+
+
 def test_solver_survives_unfittable_inputs():
     res = solve_cr(CANDS, [3, 3, 3, 3, 3], [math.nan, math.nan, 0.4, math.nan, 0.0], 0.001, 0.1)
     assert 0.001 <= res.cr <= 0.1 and res.curves["gain"] == "interpolation"
