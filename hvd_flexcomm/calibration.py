@@ -417,79 +417,101 @@ def probe_ks(numel: int, crs: Iterable[float], widen: int = 8) -> list[int]:
 class DriftDetector:
     """Flags a sustained mismatch between predicted and measured times.
 
-    A step *violates* when ``|measured - predicted|`` exceeds the larger of
-    ``threshold * predicted`` (a relative error; a non-positive prediction makes every
-    ``measured > 0`` a violation unless the noise allowance covers it) and, when
-    ``noise_sigmas > 0``, ``noise_sigmas`` robust standard deviations of the measurements fed
-    since the last :meth:`reset` (``1.4826 * MAD`` of the last ``noise_window`` of them, once at
-    least ``patience`` are known; the step's own measurement is not part of its allowance).
-    The second term keeps a path whose timings scatter by more than ``threshold`` around their
-    median (e.g. TCP at 10 ms one way, which alternates between two levels 50% apart) from firing
-    on its own noise, while a real change, which moves every timing past the old spread, still
-    fires. :meth:`update` returns True on the step that completes ``patience`` consecutive
-    violations, and then starts counting afresh (so a persistent drift fires again every
-    ``patience`` steps until the model is recalibrated). Any non-violating step resets the
+    A step *violates* when ``|measured - predicted| / predicted > threshold`` (relative error; a
+    non-positive prediction counts as a violation whenever ``measured > 0``) **and**, with
+    ``noise_quantile > 0`` and at least ``patience`` earlier measurements in :attr:`history`,
+    the measurement lies outside their ``[noise_quantile, 1 - noise_quantile]`` quantile range:
+    a timing the path has itself produced lately is noise, not drift. This keeps a path whose
+    timings switch between levels further apart than ``threshold`` (e.g. TCP at 10 ms one way,
+    which runs for a few to tens of steps at about 100 ms, then at about 160 ms) from firing on
+    its own noise, while a real change, which moves the timings out of their recent range,
+    still fires. :meth:`update` returns True on the step that completes ``patience``
+    consecutive violations, and then starts counting afresh (so a persistent drift fires again
+    every ``patience`` steps until the model is recalibrated). Any non-violating step resets the
     count: isolated outliers never fire.
+
+    The history holds the last ``noise_window`` measurements since :meth:`clear_history`
+    (callers clear it when the measured quantity changes: another path or message size), except
+    those of the current run of violations, which join it when the run ends or fires. A probe
+    does not clear it (:meth:`reset`): after a run of one level fired once, that level is part
+    of the path's range. The price: when the network moves the path to a new level and the path
+    stays in use, a return to the old level within ``noise_window`` steps reads as noise (the
+    periodic refreshes still re-measure the other path).
     """
 
-    def __init__(self, threshold: float = 0.25, patience: int = 5, noise_sigmas: float = 0.0,
+    def __init__(self, threshold: float = 0.25, patience: int = 5, noise_quantile: float = 0.0,
                  noise_window: int = 32) -> None:
         """``threshold``: relative error (fraction, > 0). ``patience``: consecutive steps (>= 1).
-        ``noise_sigmas``: the noise allowance in robust standard deviations (>= 0; 0: none).
-        ``noise_window``: measurements the spread is taken over (>= patience)."""
+        ``noise_quantile``: fraction in [0, 0.5) of the recent measurements allowed beyond a
+        measurement that still counts as noise (0: the relative threshold alone).
+        ``noise_window``: recent measurements kept (>= patience)."""
         if not (math.isfinite(threshold) and threshold > 0):
             raise ValueError(f"threshold must be finite and > 0, got {threshold!r}")
         if int(patience) != patience or patience < 1:
             raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
-        if not (math.isfinite(noise_sigmas) and noise_sigmas >= 0):
-            raise ValueError(f"noise_sigmas must be finite and >= 0, got {noise_sigmas!r}")
+        if not (0.0 <= noise_quantile < 0.5):
+            raise ValueError(f"noise_quantile must be a fraction in [0, 0.5), got {noise_quantile!r}")
         if int(noise_window) != noise_window or noise_window < patience:
             raise ValueError(f"noise_window must be an integer >= patience = {patience}, "
                              f"got {noise_window!r}")
         self.threshold = float(threshold)
         self.patience = int(patience)
-        self.noise_sigmas = float(noise_sigmas)
+        self.noise_quantile = float(noise_quantile)
         self.count = 0
         self.history: deque[float] = deque(maxlen=int(noise_window))
+        self._streak: list[float] = []  # measurements of the current run of violations
 
-    @property
-    def noise_ms(self) -> float:
-        """Robust standard deviation (``1.4826 * MAD``, in the measurements' unit, ms) of the
-        measurements since the last reset; 0.0 until ``patience`` are known."""
-        if len(self.history) < self.patience:
-            return 0.0
-        values = np.asarray(self.history, dtype=np.float64)
-        return float(1.4826 * np.median(np.abs(values - np.median(values))))
-
-    def allowance_ms(self, predicted_ms: float) -> float:
-        """The error a measurement may have without violating (ms, >= 0)."""
-        return max(self.threshold * max(predicted_ms, 0.0), self.noise_sigmas * self.noise_ms)
+    def noise_band(self) -> Optional[tuple[float, float]]:
+        """``(low, high)`` quantiles (ms) of the recent measurements within which a measurement is
+        noise; None while fewer than ``patience`` are known or without a noise quantile."""
+        if self.noise_quantile <= 0.0 or len(self.history) < self.patience:
+            return None
+        low, high = np.quantile(np.asarray(self.history, dtype=np.float64),
+                                [self.noise_quantile, 1.0 - self.noise_quantile])
+        return float(low), float(high)
 
     def violates(self, predicted_ms: float, measured_ms: float) -> bool:
-        """Whether one (prediction, measurement) pair is off by more than the allowance."""
+        """Whether one (prediction, measurement) pair is off: beyond ``threshold`` of the
+        prediction and outside the noise band."""
         if not (math.isfinite(predicted_ms) and math.isfinite(measured_ms)):
             raise ValueError(f"non-finite times: predicted={predicted_ms}, measured={measured_ms}")
-        return abs(measured_ms - predicted_ms) > self.allowance_ms(predicted_ms)
+        if predicted_ms <= 0.0:
+            off = measured_ms > 0.0
+        else:
+            off = abs(measured_ms - predicted_ms) / predicted_ms > self.threshold
+        band = self.noise_band()
+        return off and (band is None or not band[0] <= measured_ms <= band[1])
 
     def update(self, predicted_ms: float, measured_ms: float) -> bool:
-        """Feed one step (both in ms); True when this step completes ``patience`` violations."""
+        """Feed one step (both in ms); True when this step completes ``patience`` violations.
+
+        The measurements of a run of violations are held back from :attr:`history` while the
+        run lasts (a real change must not widen the band it is judged by); they join it when the
+        run ends or fires."""
         if self.violates(predicted_ms, measured_ms):
             self.count += 1
+            self._streak.append(float(measured_ms))
         else:
             self.count = 0
-        self.history.append(float(measured_ms))
+            self._release()
+            self.history.append(float(measured_ms))
         if self.count >= self.patience:
             self.count = 0
+            self._release()
             return True
         return False
 
+    def _release(self) -> None:
+        self.history.extend(self._streak)
+        self._streak.clear()
+
     def clear_history(self) -> None:
-        """Forget the measurements behind the noise allowance (the timings start a new regime:
-        another path or message size); the violation count goes on."""
+        """Forget the recent measurements (the measured quantity changed: another path or
+        message size); the violation count goes on."""
         self.history.clear()
+        self._streak.clear()
 
     def reset(self) -> None:
-        """Clear the consecutive-violation count and the measurements behind the noise
-        allowance (after a probe)."""
+        """Clear the consecutive-violation count (after a probe recalibrated the model)."""
         self.count = 0
-        self.history.clear()
+        self._release()

@@ -138,11 +138,11 @@ class Flexible(TopkCompression):
     - ``drift_threshold`` / ``drift_patience``: re-probe the network when the measured
       communication time of the path in use is off its prediction by more than this fraction for
       this many consecutive steps.
-    - ``drift_noise``: ... and by more than this many robust standard deviations (1.4826·MAD)
-      of that path's step timings since the last probe or switch (once ``drift_patience``
-      are known): a path whose timings scatter by more than ``drift_threshold`` on their own
-      (e.g. bimodal TCP timings at 10 ms one way) does not trigger probes with its noise. 0:
-      the relative threshold alone.
+    - ``drift_noise``: a step counts as off its prediction only when its timing also lies outside the
+      ``[drift_noise, 1 - drift_noise]`` quantile range of that path's last 32 step timings at
+      this size (once ``drift_patience`` are known): a path whose timings switch between levels
+      further apart than ``drift_threshold`` (TCP at 10 ms one way: runs at ~100 ms, then at
+      ~160 ms) does not trigger probes with its own noise. 0: the relative threshold alone.
     - ``reprobe_interval``: at most every this many steps, time the path *not* in use once (one
       small probe per collective kind), so its prediction does not go stale. 0 disables.
     - ``probe_budget``: such refreshes run only while their total time (ms) stays within this
@@ -160,7 +160,7 @@ class Flexible(TopkCompression):
     hysteresis: float = 0.1
     drift_threshold: float = 0.25
     drift_patience: int = 5
-    drift_noise: float = 2.0
+    drift_noise: float = 0.1
     reprobe_interval: int = 100
     probe_budget: float = 0.02
     probe_repeats: int = 2
@@ -178,8 +178,9 @@ class Flexible(TopkCompression):
                         "measured communication time, e.g. 0.02)")
         _check_ints(self, ("drift_patience", "probe_repeats"), minimum=1)
         _check_ints(self, ("reprobe_interval",), minimum=0)
-        _check_positive("drift_noise", self.drift_noise, "a number of standard deviations >= 0 "
-                        "(0 disables the noise allowance)", allow_zero=True)
+        if not (isinstance(self.drift_noise, (int, float)) and not isinstance(self.drift_noise, bool)
+                and 0.0 <= self.drift_noise < 0.5):
+            raise ValueError(f"drift_noise must be a fraction in [0, 0.5), got {self.drift_noise!r}")
 
     def describe(self) -> str:
         return (f"Flexible(cr={self.cr:g}, selector={self.selector!r}, "
@@ -195,11 +196,10 @@ def _check_ints(settings: Any, names: tuple, minimum: int) -> None:
             raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
-def _check_positive(name: str, value: Any, what: str, allow_zero: bool = False) -> None:
-    """``value`` must be a finite number > 0 (>= 0 with ``allow_zero``; not a bool); the error
-    says it must be ``what``."""
+def _check_positive(name: str, value: Any, what: str) -> None:
+    """``value`` must be a finite number > 0 (not a bool); the error says it must be ``what``."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    if not ok or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be {what}, got {value!r}")
 
 

@@ -275,19 +275,20 @@ class FlexibleController:
         measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
         if (path, k) != self.drift_key:
-            self.drift.clear_history()  # another path or size: its timings have their own spread
+            self.drift.clear_history()  # another path or size: its timings have their own range
             self.drift_key = (path, k)
-        allowed = self.drift.allowance_ms(predicted)
+        band = self.drift.noise_band()
         if self.drift.update(predicted, measured):
             # candidate CRs (Adaptive) need every slope: a full probe; a fixed CR needs its size
             if self.probe_crs:
                 self.full_probe_due = True
             else:
                 self.drift_probe_due = True
-            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms by more "
-                     "than %.2f ms for %d steps: %s probe of the network", path, measured,
-                     predicted, allowed, self.drift.patience,
-                     "full" if self.full_probe_due else "drift")
+            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms%s for "
+                     "%d steps: %s probe of the network", path, measured, predicted,
+                     "" if band is None else
+                     f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms",
+                     self.drift.patience, "full" if self.full_probe_due else "drift")
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

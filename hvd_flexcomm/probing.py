@@ -19,6 +19,25 @@ import torch
 __all__ = ["run_probes"]
 
 
+_KINDS = ("allgather", "broadcast", "allreduce")
+
+
+def _warm_up(hvd: Any, ops: Sequence[tuple[str, str, torch.Tensor]], kw: dict) -> None:
+    """One untimed op per ``(kind, name, buffer)``, all in flight at once: Horovod negotiates
+    them in the same cycles, so warming up n new names costs about one op's round trip (plus
+    their bytes) instead of n."""
+    handles = []
+    for kind, name, buf in ops:
+        if kind == "allgather":
+            handles.append(hvd.allgather_async(buf, name=name, **kw))
+        elif kind == "broadcast":
+            handles.append(hvd.broadcast_async_(buf, root_rank=0, name=name, **kw))
+        else:
+            handles.append(hvd.allreduce_async_(buf, op=hvd.Sum, name=name, **kw))
+    for handle in handles:
+        hvd.synchronize(handle)
+
+
 def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_set: Any = None,
                tag: str = "probe", warmed: Optional[set] = None,
                warm_up: bool = True) -> list[tuple[str, int, float]]:
@@ -26,34 +45,42 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
 
     ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
     ``"allreduce"``. Each op is named by ``tag``, kind and size; the first op of a name pays
-    Horovod's full negotiation (its response cache has not seen the name), so a name's first use
-    runs one untimed warm-up op. ``warmed``: the names already used in this process (updated in
-    place, the same set on every rank since plans are identical): those skip the warm-up. Without
-    it every plan entry is warmed up. ``warm_up=False`` runs no untimed op at all (a one-off
+    Horovod's full negotiation (its response cache has not seen the name), so every name's
+    first use gets one untimed warm-up op first, all of a plan's warm-ups in flight together
+    (:func:`_warm_up`). ``warmed``: the names already used in this process (updated in place,
+    the same set on every rank since plans are identical): those skip the warm-up. Without it
+    every plan entry is warmed up. ``warm_up=False`` runs no untimed op at all (a one-off
     refresh: a new name's negotiation then rides in its timing, a small upward bias that costs
-    less than a whole extra op on a slow link). Returns ``[(kind, nbytes, ms), ...]`` with the min over
-    ranks of each timing, identical on every rank.
+    less than a whole extra op on a slow link). The timed ops run one at a time. Returns
+    ``[(kind, nbytes, ms), ...]`` with the min over ranks of each timing, identical on every
+    rank.
     """
+    for kind, _ in plan:
+        if kind not in _KINDS:
+            raise ValueError(f"unknown probe kind {kind!r}")
     kw = {} if process_set is None else {"process_set": process_set}
-    samples: list[tuple[str, int]] = []
-    timings: list[float] = []
+    ops = []
     for kind, nbytes in plan:
         buf = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)
-        name = f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}"
-        warm = warm_up and (warmed is None or name not in warmed)
-        for rep in range(repeats + 1 if warm else repeats):
+        ops.append((kind, f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}", buf))
+    if warm_up:
+        cold = {name: (kind, name, buf) for kind, name, buf in ops
+                if warmed is None or name not in warmed}
+        if cold:
+            _warm_up(hvd, list(cold.values()), kw)
+    samples: list[tuple[str, int]] = []
+    timings: list[float] = []
+    for kind, name, buf in ops:
+        for _ in range(repeats):
             t0 = time.perf_counter()
             if kind == "allgather":
                 hvd.allgather(buf, name=name, **kw)
             elif kind == "broadcast":
                 hvd.broadcast_(buf, root_rank=0, name=name, **kw)
-            elif kind == "allreduce":
-                hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
             else:
-                raise ValueError(f"unknown probe kind {kind!r}")
-            if rep or not warm:
-                samples.append((kind, buf.numel() * 4))
-                timings.append(1e3 * (time.perf_counter() - t0))
+                hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
+            samples.append((kind, buf.numel() * 4))
+            timings.append(1e3 * (time.perf_counter() - t0))
         if warmed is not None:
             warmed.add(name)
     if not timings:

@@ -136,7 +136,8 @@ class _CountingHorovod:
 
     def __getattr__(self, name):
         real = getattr(self._hvd, name)
-        if name not in ("allgather", "broadcast_", "allreduce_"):
+        if name not in ("allgather", "broadcast_", "allreduce_", "allgather_async",
+                        "broadcast_async_", "allreduce_async_"):
             return real
 
         def counted(*args, **kwargs):

@@ -386,39 +386,58 @@ def test_drift_threshold_is_strict_and_handles_zero_prediction():
         DriftDetector(patience=0)
 
 
-def test_drift_noise_allowance_is_the_spread_of_earlier_measurements():
-    det = DriftDetector(threshold=0.25, patience=4, noise_sigmas=2.0, noise_window=8)
-    assert det.noise_ms == 0.0
-    for ms in (100.0, 170.0, 100.0):  # fewer than patience: no allowance yet
-        det.update(135.0, ms)
-    assert det.noise_ms == 0.0 and det.allowance_ms(135.0) == pytest.approx(0.25 * 135.0)
-    det.update(135.0, 170.0)
-    # MAD of {100, 100, 170, 170} around its median 135 is 35
-    assert det.noise_ms == pytest.approx(1.4826 * 35.0)
-    assert det.allowance_ms(135.0) == pytest.approx(2.0 * 1.4826 * 35.0)
-    # 35 ms off (26%) is within the allowance now; 120 ms off is not, whatever came before
-    assert not det.violates(135.0, 170.0) and det.violates(135.0, 255.0)
-    # a measurement is judged by the spread before it: one huge value does not excuse itself
-    det2 = DriftDetector(threshold=0.25, patience=1, noise_sigmas=2.0, noise_window=4)
-    det2.update(100.0, 100.0)
-    assert not det2.update(100.0, 101.0)
+def test_drift_noise_band_is_the_quantile_range_of_earlier_measurements():
+    det = DriftDetector(threshold=0.25, patience=4, noise_quantile=0.1, noise_window=8)
+    assert det.noise_band() is None
+    for ms in (100.0, 170.0, 100.0):  # fewer than patience: the relative threshold alone
+        assert not det.update(135.0, ms)
+    assert det.noise_band() is None and det.violates(100.0, 170.0)
+    assert det.update(135.0, 170.0)  # four violations: fires; the run joins the history
+    low, high = det.noise_band()
+    assert low == pytest.approx(100.0) and high == pytest.approx(170.0)
+    # 70% off the prediction but a level the path has shown lately: noise
+    assert not det.violates(100.0, 170.0) and not det.violates(170.0, 100.0)
+    # off the prediction and outside the recent range: a violation
+    assert det.violates(135.0, 255.0) and det.violates(135.0, 60.0)
+    # inside the range but within the threshold is fine either way
+    assert not det.violates(135.0, 140.0)
+    # a measurement is judged by the range before it: one huge value does not excuse itself
+    det2 = DriftDetector(threshold=0.25, patience=1, noise_quantile=0.1, noise_window=4)
+    assert not det2.update(100.0, 100.0)
     assert det2.update(100.0, 1000.0)
+    # nor does a run of violations widen the band it is judged by before it ends
+    det3 = DriftDetector(threshold=0.25, patience=5, noise_quantile=0.1, noise_window=8)
+    for _ in range(8):
+        det3.update(100.0, 100.0)
+    assert [det3.update(100.0, 600.0) for _ in range(5)] == [False] * 4 + [True]
 
 
-def test_drift_clear_history_keeps_the_count_and_reset_clears_both():
-    det = DriftDetector(threshold=0.25, patience=3, noise_sigmas=2.0)
-    for ms in (10.0,) * 6:
-        det.update(10.0, ms)
+def test_drift_with_noise_band_ignores_level_switching_and_catches_a_real_change():
+    levels = ([100.0] * 9 + [160.0] * 6 + [100.0] * 12 + [160.0] * 7) * 3
+    plain = DriftDetector(threshold=0.25, patience=5)
+    banded = DriftDetector(threshold=0.25, patience=5, noise_quantile=0.1)
+    assert sum(plain.update(110.0, ms) for ms in levels) == 6  # every run at 160
+    # the first run at 160 fires (the path has not shown that level yet), then it is noise
+    assert sum(banded.update(110.0, ms) for ms in levels) == 1
+    fired = [banded.update(110.0, 600.0) for _ in range(5)]
+    assert fired == [False] * 4 + [True]
+
+
+def test_drift_reset_keeps_the_history_and_clear_history_keeps_the_count():
+    det = DriftDetector(threshold=0.25, patience=3, noise_quantile=0.1)
+    for _ in range(6):
+        det.update(10.0, 10.0)
     det.update(10.0, 20.0)
     det.clear_history()
     assert det.count == 1 and len(det.history) == 0
     det.update(10.0, 20.0)
     det.reset()
-    assert det.count == 0 and len(det.history) == 0
+    assert det.count == 0 and list(det.history) == [20.0]
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    ({"noise_sigmas": -1.0}, "noise_sigmas"), ({"noise_sigmas": float("inf")}, "noise_sigmas"),
+    ({"noise_quantile": -0.1}, "noise_quantile"), ({"noise_quantile": 0.5}, "noise_quantile"),
+    ({"noise_quantile": float("nan")}, "noise_quantile"),
     ({"patience": 5, "noise_window": 4}, "noise_window"), ({"noise_window": 10.5}, "noise_window"),
 ])
 def test_drift_rejects_bad_noise_settings(kwargs, needle):
