@@ -105,8 +105,7 @@ class FlexibleController:
 
     def predict(self, cr: float) -> dict[str, float]:
         """Predicted ms of each path at compression ratio ``cr`` from the calibrated fits."""
-        k = k_for(cr, self.numel)
-        sizes = self.payload_bytes(k)
+        sizes = self.payload_bytes(k_for(cr, self.numel))
         ag = self.model.predict_ms("allgather", sizes["allgather"])
         ar = self.model.predict_ms("broadcast", sizes["broadcast"]) + self.model.predict_ms(
             "allreduce", sizes["allreduce"])
