@@ -250,6 +250,8 @@ class AdaptiveController:
         r = self.last_result
         return {"cr": self.cr, "announced_cr": self.announced_cr, "gains": self.tracker.to_dict(),
                 "last_submit_step": self.last_submit_step, "changes": list(self.changes),
+                "last_announce_step": self.last_announce_step,
+                "n_announcements": self.n_announcements, "n_kept": self.n_kept,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
                                                        "gain": r.gain, "curves": r.curves,
                                                        "front": r.front}}
@@ -260,3 +262,6 @@ class AdaptiveController:
         self.tracker.load_dict(state.get("gains", {}))
         self.last_submit_step = state.get("last_submit_step")
         self.changes = [tuple(c) for c in state.get("changes", [])]
+        self.last_announce_step = state.get("last_announce_step")
+        self.n_announcements = int(state.get("n_announcements", 0))
+        self.n_kept = int(state.get("n_kept", 0))

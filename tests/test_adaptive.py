@@ -123,6 +123,28 @@ def _controller(**kw):
     return ctrl, version
 
 
+def test_controller_state_round_trip_keeps_the_announcement_bookkeeping():
+    """A resumed run keeps the CR, gains, changes and the announcement bookkeeping (the step of
+    the last announcement decides whether the next flag is stale)."""
+    ctrl, _ = _controller()
+    g = torch.randn(50_000, generator=torch.Generator().manual_seed(1))
+    ctrl.tracker.update(gains_at_crs(g, ctrl.mode.candidates))
+    ctrl.cr, ctrl.announced_cr, ctrl.changes = 0.02, 0.02, [(40, 0.02)]
+    ctrl.last_submit_step, ctrl.last_announce_step = 35, 40
+    ctrl.n_announcements, ctrl.n_kept = 3, 2
+    other, _ = _controller()
+    other.load_dict(ctrl.to_dict())
+    assert other.to_dict() == ctrl.to_dict()
+    assert other.last_announce_step == 40 and other.n_announcements == 3 and other.n_kept == 2
+    assert other.tracker.smoothed == ctrl.tracker.smoothed
+    old = ctrl.to_dict()
+    for key in ("last_announce_step", "n_announcements", "n_kept"):  # a state saved before them
+        del old[key]
+    fresh, _ = _controller()
+    fresh.load_dict(old)
+    assert fresh.last_announce_step is None and fresh.n_announcements == 0 and fresh.cr == 0.02
+
+
 def test_triggers_first_gain_change_network_change_and_min_interval():
     ctrl, version = _controller()
     g = torch.randn(50_000, generator=torch.Generator().manual_seed(0))
