@@ -276,3 +276,74 @@ def test_solved_cr_close_to_the_current_one_is_not_announced(caplog):
     assert not ctrl.announce_ready() and ctrl.n_kept == 2
     ctrl.cr_for_step(3, announce_flag=False)
     assert ctrl.cr == 0.0899 and ctrl.n_announcements == 1
+
+
+def _timed_plan(flex, step, cr, lines):
+    """Run ``flex``'s due probe on a synthetic network: ``lines[kind] = (fixed ms, ms per byte)``."""
+    plan, repeats, kind = flex.probe_plan(step, cr)
+    results = [(k, b, lines[k][0] + lines[k][1] * b) for k, b in plan for _ in range(repeats)]
+    flex.after_probe(step, results, kind, spent_ms=1.0)
+    return kind
+
+
+def _step_control(flex, cr, lines):
+    """The control entries a step on ``flex.path`` would deliver on this synthetic network."""
+    from hvd_flexcomm.flexible import PATH_CODES
+    from hvd_flexcomm.topk import k_for as _k_for
+
+    sizes = flex.payload_bytes(_k_for(cr, flex.numel))
+    if flex.path == "allgather":
+        t = (lines["allgather"][0] + lines["allgather"][1] * sizes["allgather"], 0.0)
+    else:
+        t = tuple(lines[k][0] + lines[k][1] * sizes[k] for k in ("broadcast", "allreduce"))
+    return [PATH_CODES[flex.path], t[0], t[1], 0.0]
+
+
+_FAST_GATHER = {"allgather": (1.0, 1e-5), "broadcast": (5.0, 1e-5), "allreduce": (5.0, 1e-5)}
+
+
+@pytest.mark.parametrize("after,moves", [
+    # the allgather's per-byte cost x10: the cheaper path changes inside [c_low, c_high]
+    ({"allgather": (1.0, 1e-4), "broadcast": (5.0, 1e-5), "allreduce": (5.0, 1e-5)}, True),
+    # every cost x3 (a uniformly slower network): same shape, same pick
+    ({k: (3 * a, 3 * b) for k, (a, b) in _FAST_GATHER.items()}, False),
+])
+def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(after, moves):
+    """Adaptive's loop without Horovod: a network change fires the drift detector, a full probe
+    recalibrates the model and triggers the next solve. The CR moves when the cheaper path now
+    changes inside [c_low, c_high] (the time line no longer fits), not when every cost scales
+    (see ``test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale``)."""
+    from hvd_flexcomm.flexible import FlexibleController
+
+    mode = Adaptive(cr=0.1, gain_every=1, min_interval=5, min_cr_change=0, reprobe_interval=0,
+                    drift_patience=3, n_gen=20, pop_size=16)
+    flex = FlexibleController(mode, world_size=4, numel=1_000_000)
+    flex.probe_crs = mode.candidates
+    ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
+                             model_version=lambda: flex.n_full_probes)
+    ada._broadcast = lambda obj: obj  # the channel itself is tested with real ranks
+    g = torch.randn(200_000, generator=torch.Generator().manual_seed(4)) ** 3
+
+    def run(steps, lines):
+        for step in steps:
+            if flex.probe_due:
+                _timed_plan(flex, step, ada.cr, lines)
+            cr = ada.cr_for_step(step, ada.announce_ready())
+            flex.decide(step, cr)
+            flex.observe_step(_step_control(flex, cr, lines), cr)
+            ada.observe(step, g)
+            if ada._future is not None:
+                ada._future.result(timeout=60)
+
+    run(range(0, 20), _FAST_GATHER)
+    assert flex.path == "allgather" and ada.changes and ada.last_result.curves["time"] == "fit"
+    first_cr = ada.cr
+    run(range(20, 40), after)
+    assert flex.n_full_probes == 2  # start-up, then the drift the change caused
+    assert [s["reason"] for s in ada.solves][-1] == "network model recalibrated"
+    if moves:
+        assert ada.last_result.curves["time"] == "interpolation"
+        assert abs(ada.cr - first_cr) > 0.1 * first_cr, (first_cr, ada.cr)
+    else:
+        assert ada.last_result.curves["time"] == "fit" and ada.cr == first_cr
+    ada.close()
