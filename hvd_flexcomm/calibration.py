@@ -460,6 +460,7 @@ class DriftDetector:
         self.count = 0
         self.history: deque[float] = deque(maxlen=int(noise_window))
         self._streak: list[float] = []  # measurements of the current run of violations
+        self.last_band: Optional[tuple[float, float]] = None
 
     def noise_band(self) -> Optional[tuple[float, float]]:
         """``(low, high)`` quantiles (ms) of the recent measurements within which a measurement is
@@ -470,16 +471,18 @@ class DriftDetector:
                                 [self.noise_quantile, 1.0 - self.noise_quantile])
         return float(low), float(high)
 
-    def violates(self, predicted_ms: float, measured_ms: float) -> bool:
+    def violates(self, predicted_ms: float, measured_ms: float,
+                 band: Optional[tuple[float, float]] = None) -> bool:
         """Whether one (prediction, measurement) pair is off: beyond ``threshold`` of the
-        prediction and outside the noise band."""
+        prediction and outside the noise band (``band``, when the caller has it already, else
+        :meth:`noise_band`)."""
         if not (math.isfinite(predicted_ms) and math.isfinite(measured_ms)):
             raise ValueError(f"non-finite times: predicted={predicted_ms}, measured={measured_ms}")
         if predicted_ms <= 0.0:
             off = measured_ms > 0.0
         else:
             off = abs(measured_ms - predicted_ms) / predicted_ms > self.threshold
-        band = self.noise_band()
+        band = self.noise_band() if band is None else band
         return off and (band is None or not band[0] <= measured_ms <= band[1])
 
     def update(self, predicted_ms: float, measured_ms: float) -> bool:
@@ -487,8 +490,9 @@ class DriftDetector:
 
         The measurements of a run of violations are held back from :attr:`history` while the
         run lasts (a real change must not widen the band it is judged by); they join it when the
-        run ends or fires."""
-        if self.violates(predicted_ms, measured_ms):
+        run ends or fires. :attr:`last_band` is the noise band this measurement was judged by."""
+        self.last_band = self.noise_band()
+        if self.violates(predicted_ms, measured_ms, self.last_band):
             self.count += 1
             self._streak.append(float(measured_ms))
         else:

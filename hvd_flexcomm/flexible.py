@@ -276,8 +276,8 @@ class FlexibleController:
         if (path, k) != self.drift_key:
             self.drift.clear_history()  # another path or size: its timings have their own range
             self.drift_key = (path, k)
-        band = self.drift.noise_band()
         if self.drift.update(predicted, measured):
+            band = self.drift.last_band
             # candidate CRs (Adaptive) need every slope: a full probe; a fixed CR needs its size
             if self.probe_crs:
                 self.full_probe_due = True

@@ -16,25 +16,26 @@ from typing import Any, Optional
 
 import torch
 
+from .calibration import KINDS
+
 __all__ = ["run_probes"]
 
 
-_KINDS = ("allgather", "broadcast", "allreduce")
+def _start(hvd: Any, kind: str, buf: torch.Tensor, name: str, kw: dict) -> Any:
+    """Start one probe op of ``kind`` on ``buf`` (in place for a broadcast or an allreduce);
+    its Horovod handle."""
+    if kind == "allgather":
+        return hvd.allgather_async(buf, name=name, **kw)
+    if kind == "broadcast":
+        return hvd.broadcast_async_(buf, root_rank=0, name=name, **kw)
+    return hvd.allreduce_async_(buf, op=hvd.Sum, name=name, **kw)
 
 
 def _warm_up(hvd: Any, ops: Sequence[tuple[str, str, torch.Tensor]], kw: dict) -> None:
     """One untimed op per ``(kind, name, buffer)``, all in flight at once: Horovod negotiates
     them in the same cycles, so warming up n new names costs about one op's round trip (plus
     their bytes) instead of n."""
-    handles = []
-    for kind, name, buf in ops:
-        if kind == "allgather":
-            handles.append(hvd.allgather_async(buf, name=name, **kw))
-        elif kind == "broadcast":
-            handles.append(hvd.broadcast_async_(buf, root_rank=0, name=name, **kw))
-        else:
-            handles.append(hvd.allreduce_async_(buf, op=hvd.Sum, name=name, **kw))
-    for handle in handles:
+    for handle in [_start(hvd, kind, buf, name, kw) for kind, name, buf in ops]:
         hvd.synchronize(handle)
 
 
@@ -56,7 +57,7 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     rank.
     """
     for kind, _ in plan:
-        if kind not in _KINDS:
+        if kind not in KINDS:
             raise ValueError(f"unknown probe kind {kind!r}")
     kw = {} if process_set is None else {"process_set": process_set}
     ops = []
@@ -73,12 +74,7 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     for kind, name, buf in ops:
         for _ in range(repeats):
             t0 = time.perf_counter()
-            if kind == "allgather":
-                hvd.allgather(buf, name=name, **kw)
-            elif kind == "broadcast":
-                hvd.broadcast_(buf, root_rank=0, name=name, **kw)
-            else:
-                hvd.allreduce_(buf, op=hvd.Sum, name=name, **kw)
+            hvd.synchronize(_start(hvd, kind, buf, name, kw))
             samples.append((kind, buf.numel() * 4))
             timings.append(1e3 * (time.perf_counter() - t0))
         if warmed is not None:

@@ -289,9 +289,8 @@ def _timed_plan(flex, step, cr, lines):
 def _step_control(flex, cr, lines):
     """The control entries a step on ``flex.path`` would deliver on this synthetic network."""
     from hvd_flexcomm.flexible import PATH_CODES
-    from hvd_flexcomm.topk import k_for as _k_for
 
-    sizes = flex.payload_bytes(_k_for(cr, flex.numel))
+    sizes = flex.payload_bytes(k_for(cr, flex.numel))
     if flex.path == "allgather":
         t = (lines["allgather"][0] + lines["allgather"][1] * sizes["allgather"], 0.0)
     else:
