@@ -167,7 +167,30 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
                 error = _follow(proc, ctl, log_path, timeout_s)
             finally:
                 stop(proc)
-        return read_records(ctl), link, error
+            network = network_counters(emu)
+        records = read_records(ctl)
+        for rec in records:
+            if rec.get("kind") == "method":
+                rec["network"] = network
+        return records, link, error
+
+
+def network_counters(emu: Any) -> dict[str, Any]:
+    """What the emulated network did during a job, summed over hosts: TCP retransmissions and
+    retransmission timeouts, packets the kernel dropped before the relay read them, and the
+    relay's own drops and mean lateness (us) of delayed packets. Diagnostic: {} if unreadable."""
+    try:
+        hosts = emu.host_counters()
+        relay = emu.relay_stats()
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        print(f"[bench_adaptive] network counters unavailable: {exc}", flush=True)
+        return {}
+    out = {key: sum(h[key] for h in hosts) for key in hosts[0]} if hosts else {}
+    for key in ("dropped_queue", "dropped_write", "forwarded_packets"):
+        out[f"relay_{key}"] = relay.get(key, 0)
+    released = relay.get("released", 0)
+    out["relay_mean_late_us"] = relay.get("late_us_sum", 0.0) / released if released else 0.0
+    return out
 
 
 def run_methods(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str, Any],
@@ -224,6 +247,24 @@ def _mean(xs: list) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
 
 
+STALL_FACTOR = 3.0
+
+
+def stall_s(step_ms: list[float]) -> float:
+    """Seconds that steps spent beyond ``STALL_FACTOR`` x the median step (0 for no steps): the
+    time lost to stalls (a TCP retransmission timeout, a starved process), which hit whichever
+    method is running when they come and are no property of it."""
+    if not step_ms:
+        return 0.0
+    limit = STALL_FACTOR * statistics.median(step_ms)
+    return sum(ms - limit for ms in step_ms if ms > limit) / 1e3
+
+
+def row_steps(hit: Optional[dict], rec: dict[str, Any]) -> int:
+    """Steps that count towards the time to target: up to the hit, or every step (none hit)."""
+    return rec["steps"] if hit is None else int(hit["step"])
+
+
 def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[str, Any]:
     """One row of the table from one method record of the job."""
     hit = next((e for e in rec["evals"] if e["accuracy"] >= target), None)
@@ -246,6 +287,8 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "refresh_probes": rec.get("flexible", {}).get("n_refreshes"),
         "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
         "epochs_started": rec["epochs_started"],
+        "stall_s": stall_s(ps["ms"][:row_steps(hit, rec)]),
+        "network": rec.get("network", {}),
     }
     if rec["method"]["kind"] == "adaptive":
         crs = [c for c in ps["cr"] if c is not None]
@@ -356,6 +399,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{100 * r['final_accuracy']:.2f} | {r['delta_vs_dense_pts']:+.2f} | {r['steps']} | "
             f"{r['train_s']:.1f} | {r['mean_step_ms']:.0f} | {r['median_step_ms']:.0f} | {comm} | "
             f"{_fmt_probes(r)} | {coll} |")
+    lines += stall_lines(rows)
     for ada in (r for r in rows if r["kind"] == "adaptive"):
         lines += ["", f"{ada['name']}'s CR: first {ada['cr_first']:g}, last {ada['cr_last']:g}, range "
                   f"[{ada['cr_min']:g}, {ada['cr_max']:g}], mean after warm-up "
@@ -387,6 +431,25 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("error"):
         lines += ["", "**The job failed** (partial results):", "", "```", result["error"][-1500:], "```"]
     return "\n".join(lines) + "\n"
+
+
+def stall_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per method: time lost to stalls before the target, and what the network counted (TCP
+    retransmission timeouts and retransmitted segments, packets dropped at the TUN interfaces or
+    by the relay, the relay's mean lateness) over the whole job."""
+    lines = ["", f"Stalls and network counters (stall: time steps spent beyond {STALL_FACTOR:g} x "
+             "the method's median step, up to the target; the counters cover the whole job, all "
+             "hosts):", "",
+             "| method | stall (s) | TCP RTOs | retransmitted segments | TUN drops | relay drops | "
+             "relay lateness (us) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        net = r.get("network") or {}
+        counts = " | ".join(str(net.get(key, "-")) for key in (
+            "tcp_timeouts", "retrans_segs", "tun_tx_dropped", "relay_dropped_queue"))
+        late = net.get("relay_mean_late_us")
+        lines.append(f"| {r['name']} | {r.get('stall_s', 0.0):.1f} | {counts} | "
+                     f"{'-' if late is None else f'{late:.0f}'} |")
+    return lines
 
 
 def plots(result: dict[str, Any], out: str) -> list[str]:

@@ -50,6 +50,10 @@ def test_quick_benchmark_end_to_end(tmp_path):
         assert row["train_s"] > 0 and row["mean_step_ms"] > 0 and row["median_step_ms"] > 0, name
         assert row["time_to_target_s"] is None or row["time_to_target_s"] > 0, name
         assert 0 < row["final_accuracy"] <= 1, name
+        assert row["stall_s"] >= 0, name
+        net = row["network"]  # the emulator's real counters, read after the method's job
+        assert net["relay_forwarded_packets"] > 0, (name, net)
+        assert all(net[k] >= 0 for k in ("tcp_timeouts", "retrans_segs", "tun_tx_dropped")), net
     assert {r["kind"] for r in rows.values()} >= {"dense", "ar", "flexible", "adaptive"}
 
     c_low = result["settings"]["adaptive_defaults"]["c_low"]
@@ -114,3 +118,13 @@ def test_seed_summary_lists_a_method_whose_job_failed_in_the_first_seed():
     verdict = summary["adaptive"]["Adaptive"]
     assert verdict["seeds_faster_than_all"] == 2  # seeds 1 (Flexible failed) and 3
     assert "| Flexible 0.01 | failed | 30.0 | 50.0 | 40.0 | 2/2 |" in bench.seeds_markdown(summary, results)
+
+
+def test_stall_seconds_count_only_time_beyond_three_medians():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_adaptive import stall_s
+
+    assert stall_s([]) == 0.0
+    assert stall_s([100.0] * 10) == 0.0
+    # median 100 ms: a 1000 ms step lost 700 ms beyond 3 x 100; a 250 ms step lost nothing
+    assert abs(stall_s([100.0] * 10 + [250.0, 1000.0]) - 0.7) < 1e-9

@@ -129,6 +129,50 @@ def test_throughput_follows_rate_within_10_percent(emu):
 @pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(60)
+def test_host_counters_see_the_losses_of_a_short_queue(emu):
+    # a 1 ms drop-tail queue at 20 Mbit/s holds under two full-size packets: a bulk TCP transfer
+    # overflows it, and the sender's kernel retransmits what the relay dropped
+    emu.set_link(LinkSpec(delay_ms=2.0, rate_mbit=20.0))
+    before, relay_before = emu.host_counters(), emu.relay_stats()
+    emu.set_link(LinkSpec(delay_ms=2.0, rate_mbit=20.0, queue_ms=1.0))
+    emu.measure_throughput(0, 1, seconds=1.0)
+    after, relay_after = emu.host_counters(), emu.relay_stats()
+    emu.set_link(LinkSpec(delay_ms=1.0))
+    assert len(after) == 2 and all(set(h) == {"retrans_segs", "tcp_timeouts", "tun_tx_dropped"}
+                                   for h in after), after
+    dropped = relay_after["dropped_queue"] - relay_before["dropped_queue"]
+    resent = after[0]["retrans_segs"] - before[0]["retrans_segs"]
+    assert dropped > 0, relay_after
+    assert resent > 0, f"the sender retransmitted nothing after {dropped} queue drops: {after}"
+    assert all(a[k] >= b[k] for a, b in zip(after, before) for k in a), (before, after)
+
+
+def test_parse_host_counters_reads_snmp_netstat_and_tx_dropped():
+    text = textwrap.dedent("""\
+        Ip: Forwarding DefaultTTL InReceives
+        Ip: 1 64 100
+        Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens RetransSegs InErrs
+        Tcp: 1 200 120000 -1 19 37 0
+        Udp: InDatagrams NoPorts
+        Udp: 5 0
+        TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes
+        TcpExt: 0 4 9
+        IpExt: InNoRoutes InTruncatedPkts
+        IpExt: 0 0
+        12
+        """)
+    from hvd_flexcomm.netem.emulator import parse_host_counters
+
+    assert parse_host_counters(text) == {"retrans_segs": 37, "tcp_timeouts": 4,
+                                         "tun_tx_dropped": 12}
+    with pytest.raises(ValueError, match="tx_dropped"):
+        parse_host_counters(text.rsplit("12", 1)[0])
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_netns
+@pytest.mark.timeout(60)
 def test_set_link_changes_delay_and_rate_mid_run(emu):
     # delay: 1 ms -> 10 ms one way while a ping series runs (schedule thread, 1 s in)
     emu.set_link(LinkSpec(delay_ms=1.0))

@@ -44,7 +44,7 @@ from typing import Any, Optional
 from . import launch, namespaces
 from .spec import LinkSpec
 
-__all__ = ["Emulator", "LAUNCHERS"]
+__all__ = ["Emulator", "LAUNCHERS", "parse_host_counters"]
 
 #: What :meth:`Emulator.launcher_argv` starts jobs with.
 LAUNCHERS = ("horovodrun", "mpirun")
@@ -58,6 +58,24 @@ _live: set[Emulator] = set()
 _live_lock = threading.RLock()  # re-entrant: signal handlers run on the main thread
 _prev_handlers: dict[int, Any] = {}
 _atexit_registered = False
+
+
+def parse_host_counters(text: str) -> dict[str, int]:
+    """The counters :meth:`Emulator.host_counters` reports, from ``/proc/net/snmp`` followed by
+    ``/proc/net/netstat`` (pairs of a header line and a value line per protocol) and a last line
+    holding the TUN interface's ``tx_dropped``."""
+    lines = [line.split() for line in text.strip().splitlines() if line.strip()]
+    table: dict[str, int] = {}
+    for head, values in zip(lines, lines[1:]):
+        numeric = all(v.lstrip("-").isdigit() for v in values[1:])
+        if head[0] == values[0] and head[0].endswith(":") and numeric and not head[1].isdigit():
+            for name, value in zip(head[1:], values[1:]):
+                table[f"{head[0][:-1]}.{name}"] = int(value)
+    if not lines or len(lines[-1]) != 1:
+        raise ValueError(f"no tx_dropped line at the end of the counters: {text[-200:]!r}")
+    return {"retrans_segs": table.get("Tcp.RetransSegs", 0),
+            "tcp_timeouts": table.get("TcpExt.TCPTimeouts", 0),
+            "tun_tx_dropped": int(lines[-1][0])}
 
 
 def _close_all() -> None:
@@ -307,6 +325,22 @@ class Emulator:
     def relay_stats(self) -> dict[str, Any]:
         """Relay counters: packets/bytes forwarded; drops (queue full, unknown host, write)."""
         return self._relay_call({"cmd": "stats"})
+
+    def host_counters(self) -> list[dict[str, int]]:
+        """Per host, the kernel's counters that tell a network stall from a slow computation:
+        TCP segments retransmitted (``retrans_segs``), retransmission timeouts (``tcp_timeouts``:
+        a sender that heard nothing for an RTO, at least 200 ms, then doubling), and packets the
+        kernel dropped in front of the TUN interface because the relay had not read them yet
+        (``tun_tx_dropped``). Counts since the namespace was made."""
+        out = []
+        for i in range(len(self.namespaces)):
+            res = self.run_in(i, ["cat", "/proc/net/snmp", "/proc/net/netstat",
+                                  f"/sys/class/net/{self.ifname}/statistics/tx_dropped"],
+                              capture_output=True, text=True, timeout=30)
+            if res.returncode != 0:
+                raise RuntimeError(f"reading host {i}'s counters failed: {res.stderr.strip()}")
+            out.append(parse_host_counters(res.stdout))
+        return out
 
     # -- running things on hosts ---------------------------------------------------------------
 
