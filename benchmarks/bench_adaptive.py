@@ -161,6 +161,7 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
                 link["throughput_mbit"] = emu.measure_throughput_mbit(0, 1, seconds=1.0)
             print(f"[bench_adaptive] emulated link: RTT {link['rtt_ms']:.2f} ms"
                   + (f", TCP {link['throughput_mbit']:.1f} Mbit/s" if check_link else ""), flush=True)
+            steal_before = cpu_steal_s()
             proc = start_in_emulator(emu, n, JOB, ctl, log_path,
                                      launcher=plan.get("launcher", "horovodrun"))
             try:
@@ -168,11 +169,23 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
             finally:
                 stop(proc)
             network = network_counters(emu)
+            network["cpu_steal_s"] = cpu_steal_s() - steal_before
         records = read_records(ctl)
         for rec in records:
             if rec.get("kind") == "method":
                 rec["network"] = network
         return records, link, error
+
+
+def cpu_steal_s() -> float:
+    """CPU seconds, summed over this virtual machine's CPUs, that the hypervisor gave to others
+    since boot (``steal`` in ``/proc/stat``; 0 where unreadable): ranks stall while it grows."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def network_counters(emu: Any) -> dict[str, Any]:
@@ -436,19 +449,21 @@ def markdown(result: dict[str, Any]) -> str:
 def stall_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Per method: time lost to stalls before the target, and what the network counted (TCP
     retransmission timeouts and retransmitted segments, packets dropped at the TUN interfaces or
-    by the relay, the relay's mean lateness) over the whole job."""
+    by the relay, the relay's mean lateness) and the CPU time the hypervisor took (steal) over
+    the whole job."""
     lines = ["", f"Stalls and network counters (stall: time steps spent beyond {STALL_FACTOR:g} x "
              "the method's median step, up to the target; the counters cover the whole job, all "
              "hosts):", "",
              "| method | stall (s) | TCP RTOs | retransmitted segments | TUN drops | relay drops | "
-             "relay lateness (us) |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "relay lateness (us) | CPU steal (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         net = r.get("network") or {}
         counts = " | ".join(str(net.get(key, "-")) for key in (
             "tcp_timeouts", "retrans_segs", "tun_tx_dropped", "relay_dropped_queue"))
-        late = net.get("relay_mean_late_us")
+        late, steal = net.get("relay_mean_late_us"), net.get("cpu_steal_s")
         lines.append(f"| {r['name']} | {r.get('stall_s', 0.0):.1f} | {counts} | "
-                     f"{'-' if late is None else f'{late:.0f}'} |")
+                     f"{'-' if late is None else f'{late:.0f}'} | "
+                     f"{'-' if steal is None else f'{steal:.1f}'} |")
     return lines
 
 
