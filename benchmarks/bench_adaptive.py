@@ -264,9 +264,9 @@ STALL_FACTOR = 3.0
 
 
 def stall_s(step_ms: list[float]) -> float:
-    """Seconds that steps spent beyond ``STALL_FACTOR`` x the median step (0 for no steps): the
-    time lost to stalls (a TCP retransmission timeout, a starved process), which hit whichever
-    method is running when they come and are no property of it."""
+    """Seconds that steps spent beyond ``STALL_FACTOR`` x the median step (0 for no steps): time
+    lost to stalls (a TCP retransmission timeout, a starved process, a rank that waits for
+    another). Callers pass step times without probing (reported on its own)."""
     if not step_ms:
         return 0.0
     limit = STALL_FACTOR * statistics.median(step_ms)
@@ -300,7 +300,8 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "refresh_probes": rec.get("flexible", {}).get("n_refreshes"),
         "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
         "epochs_started": rec["epochs_started"],
-        "stall_s": stall_s(ps["ms"][:row_steps(hit, rec)]),
+        "stall_s": stall_s([ms - (probe or 0.0) for ms, probe in
+                            zip(ps["ms"][:row_steps(hit, rec)], ps["probe_ms"])]),
         "network": rec.get("network", {}),
     }
     if rec["method"]["kind"] == "adaptive":
@@ -372,6 +373,12 @@ def _launcher(settings: dict[str, Any]) -> str:
     return "horovodrun --gloo"
 
 
+def _adaptive_settings(records: list[dict[str, Any]]) -> str:
+    warmups = sorted({f"{r['method']['options']['warmup_steps']} steps"
+                      for r in records if r["method"]["kind"] == "adaptive"})
+    return f"Adaptive: warm-up {', '.join(warmups)}, defaults otherwise." if warmups else ""
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     rows = result["rows"]
@@ -393,10 +400,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Accuracy measured every {s['eval_every']} steps, evaluation excluded from the clock. "
         + ("Each method ran in its own job on a fresh emulator (fresh TCP connections). "
            if s.get("job_per_method") else "One job trained the methods in this order. ")
-        + "Adaptive: warm-up "
-        + ", ".join(sorted({f"{r['method']['options']['warmup_steps']} steps"
-                            for r in result["records"] if r["method"]["kind"] == "adaptive"}))
-        + ", defaults otherwise.",
+        + _adaptive_settings(result["records"]),
         "",
         "| method | time to target (s) | steps to target | final acc (%) | vs Dense (pts) | steps | "
         "train time (s) | mean step (ms) | median step (ms) | mean comm (ms) | "
@@ -452,8 +456,8 @@ def stall_lines(rows: list[dict[str, Any]]) -> list[str]:
     by the relay, the relay's mean lateness) and the CPU time the hypervisor took (steal) over
     the whole job."""
     lines = ["", f"Stalls and network counters (stall: time steps spent beyond {STALL_FACTOR:g} x "
-             "the method's median step, up to the target; the counters cover the whole job, all "
-             "hosts):", "",
+             "the method's median step, up to the target, probing excluded; the counters cover "
+             "the whole job, all hosts):", "",
              "| method | stall (s) | TCP RTOs | retransmitted segments | TUN drops | relay drops | "
              "relay lateness (us) | CPU steal (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -749,6 +753,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.render:
         with open(args.render) as fh:
             result = json.load(fh)
+        # rows and assessment from the records, with this version's summary (e.g. new columns)
+        result["rows"] = [summarize(r, result["target"], result["dense_accuracy"])
+                          for r in result["records"]]
+        result["assessment"] = assess(result["rows"], result["dense_accuracy"])
         write_outputs(result, os.path.dirname(os.path.abspath(args.render)))
         return 0
     if os.geteuid() != 0:

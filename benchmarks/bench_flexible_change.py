@@ -74,7 +74,8 @@ def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str,
     return out
 
 
-def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: str) -> None:
+def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: str,
+         show_cr: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,8 +83,22 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
 
     steps = sorted((r for r in records if r.get("kind") == "step"), key=lambda r: r["step"])
     xs = [r["step"] for r in steps]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True,
-                                   gridspec_kw={"height_ratios": [3, 1]})
+    if show_cr:
+        fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(12, 9), sharex=True,
+                                            gridspec_kw={"height_ratios": [3, 1, 1.5]})
+        ax3.step(xs, [r.get("cr") for r in steps], where="mid", color="tab:green")
+        ax3.set_yscale("log")
+        ax3.set_ylabel("CR in use")
+        for c in changes:
+            if c:
+                ax3.axvline(c - 0.5, color="red", lw=1.5)
+        solves = [s for r in records if r.get("kind") == "solves" for s in r["solves"]]
+        for s in solves:
+            ax3.axvline(s["step"], color="0.6", lw=0.8, ls=":")
+        ax3.set_xlabel("step (dotted: solves started)")
+    else:
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True,
+                                       gridspec_kw={"height_ratios": [3, 1]})
     pa = [(r.get("predicted_ms") or {}).get("allgather", math.nan) for r in steps]
     pr = [(r.get("predicted_ms") or {}).get("allreduce", math.nan) for r in steps]
     ax1.plot(xs, pa, color="tab:blue", ls="--", lw=1.2, label="predicted AG-Topk")
@@ -118,25 +133,107 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
     ax2.set_yticks([0, 1])
     ax2.set_yticklabels(["AG-Topk", "AR-Topk"])
     ax2.set_ylim(-0.3, 1.3)
-    ax2.set_xlabel("step")
+    if not show_cr:
+        ax2.set_xlabel("step")
     ax2.set_ylabel("path")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict]:
+def write_outputs(out: str, records: list[dict[str, Any]],
+                  meta: dict[str, Any]) -> tuple[list[dict], Optional[list[dict]]]:
+    """Write ``change.json`` and ``change.png``; (path analysis, CR analysis or None)."""
     os.makedirs(out, exist_ok=True)
     changes = meta["change_steps"]
     result = analyse(records, changes)
+    cr_result = analyse_cr(records, changes, meta) if meta.get("adaptive_options") else None
     with open(os.path.join(out, "change.json"), "w") as fh:
-        json.dump({"meta": meta, "changes": result,
+        json.dump({"meta": meta, "changes": result, "cr_changes": cr_result,
                    "probe_share": probe_share([r for r in records if r.get("kind") == "step"]),
                    "records": records}, fh, indent=1)
     if any(r.get("kind") == "step" for r in records):
         plot(records, changes, os.path.join(out, "change.png"),
-             f"Flexible(cr={meta['cr']:g}), N={meta['n']}, {meta['numel']} entries")
-    return result
+             f"{_mode_name(meta)}, N={meta['n']}, {meta['numel']} entries",
+             show_cr=cr_result is not None)
+    return result, cr_result
+
+
+def _mode_name(meta: dict[str, Any]) -> str:
+    if meta.get("adaptive_options"):
+        return f"Adaptive(starting cr={meta['cr']:g})"
+    return f"Flexible(cr={meta['cr']:g})"
+
+
+def _crossover_in_range(paths: list[str]) -> bool:
+    """Whether the cheaper path differs between candidate CRs (the time curve has a kink)."""
+    return len(set(paths)) > 1
+
+
+def analyse_cr(records: list[dict[str, Any]], changes: list[int],
+               meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Adaptive only. For each change: the CR in use before it and at the end of its segment,
+    the first re-solve after it whose reason is the recalibrated network model, the cheaper path
+    per candidate CR in that solve and in the solve before the change, and a counterfactual: the
+    CR the solver picks from the **old** network's predicted times with the **new** gains (the
+    same solver and settings, deterministic), so that the part of the CR change due to the
+    network is told apart from the part due to the gains."""
+    import hvd_flexcomm
+    from hvd_flexcomm.moo import solve_cr
+
+    mode = hvd_flexcomm.Adaptive(cr=meta["cr"], **meta.get("flex_options", {}),
+                                 **meta["adaptive_options"])
+    steps = {r["step"]: r for r in records if r.get("kind") == "step"}
+    solves = [s for r in records if r.get("kind") == "solves" for s in r["solves"]]
+    out = []
+    for c in changes:
+        if c == 0:
+            continue
+        nxt = [x for x in changes if x > c]
+        end = (nxt[0] if nxt else max(steps, default=c) + 1) - 1
+        before = [s for s in solves if s["step"] < c]
+        after = [s for s in solves if c <= s["step"] <= end and s["reason"] == "network model recalibrated"]
+        prev, new = (before[-1] if before else None), (after[0] if after else None)
+        row: dict[str, Any] = {
+            "change_step": c, "cr_before": steps.get(c - 1, {}).get("cr"),
+            "cr_end": steps.get(end, {}).get("cr"),
+            "first_cr_change_step": next((s for s in range(c, end + 1) if s in steps and s - 1 in steps
+                                          and steps[s]["cr"] != steps[s - 1]["cr"]), None),
+            "resolve_step": None if new is None else new["step"],
+            "paths_before": None if prev is None else prev["paths"],
+            "paths_after": None if new is None else new["paths"],
+            "solved_before": None if prev is None else prev["cr"],
+            "solved_after": None if new is None else new["cr"],
+        }
+        if prev is not None and new is not None:
+            old_curve = solve_cr(new["crs"], prev["comm_ms"], new["gains"], mode.c_low, mode.c_high,
+                                 mode.weights, mode.pop_size, mode.n_gen)
+            row["solved_with_old_times"] = old_curve.cr
+            row["network_moved_pick"] = abs(new["cr"] - old_curve.cr) / old_curve.cr
+        out.append(row)
+    return out
+
+
+def report_cr(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rows:
+        if r["resolve_step"] is None:
+            lines.append(f"- change at step {r['change_step']}: no re-solve for the recalibrated "
+                         f"network before the next change; CR {r['cr_before']} -> {r['cr_end']}")
+            continue
+        kink = _crossover_in_range(r["paths_after"])
+        line = (f"- change at step {r['change_step']}: re-solve at step {r['resolve_step']} "
+                f"(network model recalibrated); cheaper path per candidate before "
+                f"{r['paths_before']}, after {r['paths_after']} (AG/AR crossover inside the "
+                f"candidates: {'yes' if kink else 'no'}); solved CR {r['solved_before']:.4g} -> "
+                f"{r['solved_after']:.4g}; CR in use {r['cr_before']} -> {r['cr_end']} (first "
+                f"changed at step {r['first_cr_change_step']})")
+        if "solved_with_old_times" in r:
+            line += (f"; with the old network's times and the new gains the solver picks "
+                     f"{r['solved_with_old_times']:.4g}: the network moved the pick by "
+                     f"{100 * r['network_moved_pick']:.0f}%")
+        lines.append(line)
+    return lines
 
 
 def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
@@ -196,6 +293,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--drift-patience", type=int, help="Flexible option")
     ap.add_argument("--reprobe-interval", type=int, help="Flexible option")
     ap.add_argument("--no-barrier", action="store_true", help="no untimed barrier before each step")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="run Adaptive (starting at --cr) instead of Flexible(cr); see the options below")
+    ap.add_argument("--min-interval", type=int, default=10,
+                    help="Adaptive option: steps between solves (default 10)")
+    ap.add_argument("--gain-threshold", type=float, default=1.0,
+                    help="Adaptive option (default 1.0: gains alone hardly ever re-solve, so a "
+                         "re-solve after a change is the network's)")
     ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "flexible_change"))
     ap.add_argument("--timeout-s", type=float, default=3000.0)
     ap.add_argument("--render", metavar="JSON", help="only re-render a change.json")
@@ -204,8 +308,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.render:
         with open(args.render) as fh:
             data = json.load(fh)
-        result = write_outputs(args.out, data["records"], data["meta"])
+        result, cr_result = write_outputs(args.out, data["records"], data["meta"])
         print("\n".join(report(result, data["records"])))
+        if cr_result is not None:
+            print("\n".join(report_cr(cr_result)))
         return 0
 
     phases = ([(int(s), float(d), _rate(b)) for s, d, b in args.phase] if args.phase
@@ -218,14 +324,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     flex_options = {k: v for k, v in (("hysteresis", args.hysteresis),
                                       ("drift_patience", args.drift_patience),
                                       ("reprobe_interval", args.reprobe_interval)) if v is not None}
+    adaptive_options = ({"min_interval": args.min_interval, "gain_threshold": args.gain_threshold,
+                         "min_cr_change": 0.0} if args.adaptive else None)
     plan = {"kind": "change", "numel": args.numel, "cr": args.cr, "steps": args.steps,
             "changes": [[s, i] for i, s in enumerate(changes)], "flex_options": flex_options,
-            "barrier": not args.no_barrier}
+            "adaptive_options": adaptive_options, "barrier": not args.no_barrier}
     meta = {"n": args.n, "numel": args.numel, "cr": args.cr, "steps": args.steps,
             "phases": [{"step": s, **net} for s, net in zip(changes, networks)],
-            "change_steps": changes, "flex_options": flex_options, "barrier": not args.no_barrier,
+            "change_steps": changes, "flex_options": flex_options,
+            "adaptive_options": adaptive_options, "barrier": not args.no_barrier,
             "started": time.strftime("%c")}
-    print(f"Flexible change: N={args.n}, {args.numel} entries, cr={args.cr:g}, {args.steps} steps; "
+    print(f"{_mode_name(meta)} change: N={args.n}, {args.numel} entries, {args.steps} steps; "
           + ", ".join(f"step {s}: {net['label']}" for s, net in zip(changes, networks)), flush=True)
     t0 = time.perf_counter()
     failure = None
@@ -237,9 +346,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"job FAILED: {exc}", flush=True)
     meta["elapsed_s"] = time.perf_counter() - t0
     meta["failure"] = failure
-    result = write_outputs(args.out, records, meta)
+    result, cr_result = write_outputs(args.out, records, meta)
     print(f"\nwrote {args.out}/change.json, change.png ({meta['elapsed_s']:.0f} s)")
     print("\n".join(report(result, records)))
+    if cr_result is not None:
+        print("\n".join(report_cr(cr_result)))
     return 1 if failure else 0
 
 

@@ -10,9 +10,11 @@
   (``ARTopk(cr, selector="star")``) and a freshly built ``Flexible(cr)`` (start-up calibration on
   this network): ``warmup`` untimed steps each, then ``steps`` timed steps, interleaved (one step of
   each method per round) so that machine noise hits every method alike. One record per cell.
-- ``{"kind": "change", ...}``: one ``Flexible`` optimizer runs ``steps`` steps; before step
-  ``s`` of ``changes`` (a list of ``[s, network index]``) rank 0 asks the parent to apply that
-  network, and every rank waits until it has. One record per step.
+- ``{"kind": "change", ...}``: one ``Flexible`` optimizer (``Adaptive`` with
+  ``"adaptive_options"``) runs ``steps`` steps; before step ``s`` of ``changes`` (a list of
+  ``[s, network index]``) rank 0 asks the parent to apply that network, and every rank waits
+  until it has. One record per step (with the CR in use), and for Adaptive one record of its
+  solves at the end.
 
 The model is a single ``torch.nn.Parameter`` of ``numel`` float32 entries per method (no forward or
 backward pass); its ``.grad`` is refilled before every step from a small pool of pre-drawn
@@ -187,25 +189,46 @@ def run_grid(job: Job) -> None:
                     f"AR {ar:.1f} ms, Flexible {fl:.1f} ms ({timed['flex'][-1]['collective']})")
 
 
+def _change_mode(plan: dict, cr: float) -> hvd_flexcomm.Flexible:
+    """The change run's optimizer mode: ``Flexible(cr)``, or with ``"adaptive_options"`` in the
+    plan ``Adaptive(cr=cr, **adaptive_options)`` (``cr``: its CR until the first solve)."""
+    if plan.get("adaptive_options") is not None:
+        return hvd_flexcomm.Adaptive(cr=cr, **plan.get("flex_options", {}),
+                                     **plan["adaptive_options"])
+    return _flexible(plan, cr)
+
+
+def _solves(opt) -> list[dict]:
+    """Adaptive's finished solves on rank 0 (step, reason, inputs, solved CR); [] otherwise."""
+    ada = getattr(opt, "_flex_adaptive", None)
+    if ada is None:
+        return []
+    keep = ("step", "reason", "crs", "comm_ms", "paths", "gains", "cr")
+    return [{k: s[k] for k in keep} for s in ada.solves if s["end"] is not None]
+
+
 def run_change(job: Job) -> None:
     plan = job.plan
     cr = float(plan["cr"])
     steps = int(plan["steps"])
     changes = {int(s): int(i) for s, i in plan["changes"]}
-    param, opt = job.make(_flexible(plan, cr))
+    param, opt = job.make(_change_mode(plan, cr))
     net = None
     for s in range(steps):
         if s in changes:
             net = job.wait_for_network(changes[s])
             job.say(f"step {s}: network {net.get('label')} in force")
         rec = job.step(param, opt)
-        rec.update({"kind": "step", "step": s, "network": net})
+        rec.update({"kind": "step", "step": s, "network": net, "cr": opt.last_stats.get("cr")})
         job.emit(rec)
         if job.rank == 0 and (s % 10 == 0 or s == steps - 1):
             pred = rec.get("predicted_ms") or {}
             ag, ar = pred.get("allgather", float("nan")), pred.get("allreduce", float("nan"))
-            job.say(f"step {s + 1}/{steps}: {rec['collective']} {rec['comm_ms']:.1f} ms "
-                    f"(predicted AG {ag:.1f}, AR {ar:.1f})")
+            job.say(f"step {s + 1}/{steps}: {rec['collective']} at cr {rec['cr']:g} "
+                    f"{rec['comm_ms']:.1f} ms (predicted AG {ag:.1f}, AR {ar:.1f})")
+    solves = _solves(opt)
+    if solves:
+        job.emit({"kind": "solves", "solves": solves})
 
 
 def main() -> int:

@@ -75,7 +75,10 @@ class AdaptiveController:
         self.last_model_version = -1
         self.last_result: Optional[MooResult] = None
         self.changes: list[tuple[int, float]] = []  # (step, cr) of every change after warm-up
-        self.solves: list[dict] = []  # rank 0: start/end times (perf_counter s) and step of solves
+        #: rank 0, one per solve: step, reason, start/end (perf_counter s), its inputs (candidate
+        #: ``crs``, predicted ``comm_ms`` of the cheaper path at each and which ``paths``, smoothed
+        #: ``gains``) and the solved ``cr`` (None until done, or if it failed)
+        self.solves: list[dict] = []
         self.failed = False
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self.last_announce_step: Optional[int] = None
@@ -219,7 +222,9 @@ class AdaptiveController:
         gains = list(self.tracker.smoothed)
         self.last_submit_step = step
         try:  # read the cost model here, on the training thread that updates it
-            comm_ms = [min(self.predict_ms(c).values()) for c in crs]
+            predicted = [self.predict_ms(c) for c in crs]
+            comm_ms = [min(p.values()) for p in predicted]
+            paths = [min(p, key=p.get) for p in predicted]
         except Exception as exc:  # noqa: BLE001 - the service must never stop training
             self._fail_once(exc)
             return
@@ -229,13 +234,16 @@ class AdaptiveController:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="hvd_flexcomm-moo")
         log.info("hvd_flexcomm: step %d: re-optimising the CR (%s)", step, reason)
-        record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None}
+        record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None,
+                  "crs": crs, "comm_ms": comm_ms, "paths": paths, "gains": gains, "cr": None}
         self.solves.append(record)
 
         def job() -> MooResult:
             try:
-                return solve_cr(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
-                                mode.pop_size, mode.n_gen)
+                result = solve_cr(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
+                                  mode.pop_size, mode.n_gen)
+                record["cr"] = result.cr
+                return result
             finally:
                 record["end"] = time.perf_counter()
 

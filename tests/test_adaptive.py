@@ -340,6 +340,11 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
     run(range(20, 40), after)
     assert flex.n_full_probes == 2  # start-up, then the drift the change caused
     assert [s["reason"] for s in ada.solves][-1] == "network model recalibrated"
+    last = ada.solves[-1]  # a solve's record holds its inputs and result
+    assert last["crs"] == list(mode.candidates) and len(last["gains"]) == len(last["crs"])
+    assert last["comm_ms"] == pytest.approx([min(flex.predict(c).values()) for c in mode.candidates])
+    assert last["cr"] == ada.last_result.cr
+    assert (len(set(last["paths"])) > 1) == moves  # the cheaper path changes inside the candidates
     if moves:
         assert ada.last_result.curves["time"] == "interpolation"
         assert abs(ada.cr - first_cr) > 0.1 * first_cr, (first_cr, ada.cr)
