@@ -297,9 +297,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="run Adaptive (starting at --cr) instead of Flexible(cr); see the options below")
     ap.add_argument("--min-interval", type=int, default=10,
                     help="Adaptive option: steps between solves (default 10)")
-    ap.add_argument("--gain-threshold", type=float, default=1.0,
-                    help="Adaptive option (default 1.0: gains alone hardly ever re-solve, so a "
-                         "re-solve after a change is the network's)")
+    ap.add_argument("--gain-threshold", type=float, default=0.9,
+                    help="Adaptive option (default 0.9: gains re-solve only when one moved by 90%%, "
+                         "so the re-solves after a change are the network's)")
     ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "flexible_change"))
     ap.add_argument("--timeout-s", type=float, default=3000.0)
     ap.add_argument("--render", metavar="JSON", help="only re-render a change.json")

@@ -87,40 +87,40 @@ CHANGE = os.path.join(REPO, "benchmarks", "bench_flexible_change.py")
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.timeout(300)
-def test_adaptive_cr_moves_when_a_network_change_moves_the_crossover(tmp_path):
+def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_path):
     """#5's "the CR changes after a simulated network change", on a real emulated network (N=2).
 
-    10 ms one way, unlimited rate: the allgather (one collective) is cheaper than AR-Topk's two at
-    every candidate CR, so the time curve is a line. At step 25 the link becomes 0.1 ms, 100
-    Mbit/s: bandwidth-bound, AR-Topk (fewer bytes per link) wins at the high candidate CRs and the
-    allgather (one op) at the low ones, so the curve gets a kink inside the candidates. Gains
-    alone do not trigger solves here (gain_threshold 1.0), so the re-solve after the change is the
-    recalibrated network's; the benchmark also re-solves with the old network's times and the new
-    gains, which tells how much of the CR change is the network's."""
+    0.1 ms one way at 100 Mbit/s, then from step 25 10 ms at an unlimited rate. The path in use
+    gets slower, so the drift detector fires, a full probe recalibrates the model, and Adaptive
+    re-solves for the recalibrated network; the AG/AR crossover moves among the candidate CRs,
+    which changes the shape of the time curve (its scale alone would not move the pick, see
+    ``test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale``). Gains alone hardly
+    trigger solves here (gain_threshold 0.9); the benchmark also solves from the old network's
+    times with the new gains, so the network's part of the move is measured, not assumed."""
     missing = _missing()
     if missing:
         pytest.skip(missing)
     out = tmp_path / "change"
     argv = [sys.executable, CHANGE, "--adaptive", "--n", "2", "--numel", "4000000", "--cr", "0.1",
-            "--steps", "70", "--phase", "0", "10", "inf", "--phase", "25", "0.1", "100",
+            "--steps", "60", "--phase", "0", "0.1", "100", "--phase", "25", "10", "inf",
             "--min-interval", "10", "--out", str(out), "--timeout-s", "240"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280,
                           stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    report = proc.stdout[-3000:]
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{report}\n{proc.stderr[-4000:]}"
     assert (out / "change.png").stat().st_size > 0
     data = json.loads((out / "change.json").read_text())
     steps = [r for r in data["records"] if r.get("kind") == "step"]
-    assert [r["step"] for r in steps] == list(range(70))
+    assert [r["step"] for r in steps] == list(range(60))
     assert steps[0]["cr"] == 0.1  # the starting CR, until the first solve is announced
     (row,) = data["cr_changes"]
-    assert row["change_step"] == 25
-    # before the change: one path is cheaper at every candidate (a line); after it: a kink
-    assert len(set(row["paths_before"])) == 1, row
-    assert set(row["paths_after"]) == set(PATHS), row
-    assert row["resolve_step"] is not None and row["resolve_step"] >= 25, row
-    # the re-solve's CR was announced and is in use on every rank (each step's payload carries an
-    # agreement hash of the CR, so a rank on another CR fails the step) before the run ends
-    assert row["cr_end"] == pytest.approx(row["solved_after"], rel=1e-3), row
-    assert row["cr_end"] != row["cr_before"], row
-    # ... and the network, not the gains, moved it: with the old times the pick differs
-    assert row["network_moved_pick"] > 0.1, row
+    assert row["change_step"] == 25 and row["paths_before"], report
+    # drift -> full probe -> a re-solve for the recalibrated model after the change
+    assert row["resolve_step"] is not None and row["resolve_step"] >= 25, report
+    assert set(row["paths_after"]) == set(PATHS), report  # the crossover lies among the candidates
+    # the new CR was announced and is in use (each step's payload carries an agreement hash of
+    # the CR: a rank on another CR would fail the step)
+    assert row["first_cr_change_step"] is not None and row["cr_end"] != row["cr_before"], report
+    # the network moved it: from the old times with the new gains the pick is far off
+    # (55-59% in three runs at 1d5ed5c)
+    assert row["network_moved_pick"] > 0.2, report
