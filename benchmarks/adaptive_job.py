@@ -132,6 +132,7 @@ class Job:
         x, y = self.data.train_x, self.data.train_y
         per_step: dict[str, list] = {"ms": [], "cr": [], "collective": [], "comm_ms": [],
                                      "compress_ms": [], "probe_ms": []}
+        own_ms: list[float] = []  # this rank's step time outside its collectives and probes
         acc0, _ = self.evaluate(model, False, f"eval.{index}.0")
         evals = [{"step": 0, "train_s": 0.0, "accuracy": acc0, "loss": None}]
         self.say(f"method {index + 1}/{len(plan['methods'])}: {name} ({mode.describe()}), "
@@ -166,6 +167,8 @@ class Job:
                 per_step["comm_ms"].append(_r(st.get("comm_ms")))
                 per_step["compress_ms"].append(_r(st.get("compress_ms")))
                 per_step["probe_ms"].append(_r(st.get("probe_ms", 0.0)))
+                own_ms.append(round(1e3 * dt - (st.get("comm_ms") or 0.0)
+                                    - (st.get("probe_ms") or 0.0), 3))
                 loss_sum += float(loss.detach())
                 loss_n += 1
                 if step % eval_every == 0 or step >= max_steps:
@@ -184,11 +187,14 @@ class Job:
                     if stop:
                         break
         wall_s = time.perf_counter() - wall0
+        # every rank's own time per step (outside collectives): at a step where rank 0 waited long
+        # in a collective, the rank with a long own time is the one it waited for
+        own_by_rank = hvd.allgather_object(own_ms, name=f"own.{index}")
         record = {"kind": "method", "index": index, "method": method, "describe": mode.describe(),
                   "steps": step, "epochs_started": epoch, "train_s": train_s, "wall_s": wall_s,
                   "eval_s": eval_s, "max_steps": max_steps, "time_budget_s": time_budget_s,
                   "final_accuracy": evals[-1]["accuracy"], "evals": evals, "per_step": per_step,
-                  "N": self.size}
+                  "own_ms_by_rank": own_by_rank, "N": self.size}
         ctrl = getattr(opt, "_flex_controller", None)
         if ctrl is not None:
             record["flexible"] = {"n_switches": ctrl.n_switches, "n_full_probes": ctrl.n_full_probes,

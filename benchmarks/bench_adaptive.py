@@ -203,6 +203,7 @@ def network_counters(emu: Any) -> dict[str, Any]:
         out[f"relay_{key}"] = relay.get(key, 0)
     released = relay.get("released", 0)
     out["relay_mean_late_us"] = relay.get("late_us_sum", 0.0) / released if released else 0.0
+    out["relay_max_late_ms"] = relay.get("late_us_max", 0.0) / 1e3
     return out
 
 
@@ -273,6 +274,28 @@ def stall_s(step_ms: list[float]) -> float:
     return sum(ms - limit for ms in step_ms if ms > limit) / 1e3
 
 
+def stall_ranks(rec: dict[str, Any], n_steps: int) -> dict[str, int]:
+    """At each stalled step before ``n_steps`` (rank 0's time beyond ``STALL_FACTOR`` x its
+    median, probing excluded): the rank whose own time (outside collectives) was beyond
+    ``STALL_FACTOR`` x its median and the largest, counted as ``"rank r"``, or ``"none"`` when no
+    rank's own time was (everyone waited in a collective: the network or Horovod). {} when the
+    record has no per-rank times."""
+    own = rec.get("own_ms_by_rank")
+    ps = rec["per_step"]
+    if not own or not ps["ms"]:
+        return {}
+    step_ms = [ms - (p or 0.0) for ms, p in zip(ps["ms"], ps["probe_ms"])]
+    limit = STALL_FACTOR * statistics.median(step_ms)
+    own_limits = [STALL_FACTOR * statistics.median(r) if r else math.inf for r in own]
+    counts: Counter = Counter()
+    for i, ms in enumerate(step_ms[:n_steps]):
+        if ms <= limit:
+            continue
+        slow = [(r[i], k) for k, r in enumerate(own) if i < len(r) and r[i] > own_limits[k]]
+        counts["none" if not slow else f"rank {max(slow)[1]}"] += 1
+    return dict(counts)
+
+
 def row_steps(hit: Optional[dict], rec: dict[str, Any]) -> int:
     """Steps that count towards the time to target: up to the hit, or every step (none hit)."""
     return rec["steps"] if hit is None else int(hit["step"])
@@ -303,6 +326,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "stall_s": stall_s([ms - (probe or 0.0) for ms, probe in
                             zip(ps["ms"][:row_steps(hit, rec)], ps["probe_ms"])]),
         "network": rec.get("network", {}),
+        "stall_ranks": stall_ranks(rec, row_steps(hit, rec)),
     }
     if rec["method"]["kind"] == "adaptive":
         crs = [c for c in ps["cr"] if c is not None]
@@ -459,15 +483,20 @@ def stall_lines(rows: list[dict[str, Any]]) -> list[str]:
              "the method's median step, up to the target, probing excluded; the counters cover "
              "the whole job, all hosts):", "",
              "| method | stall (s) | TCP RTOs | retransmitted segments | TUN drops | relay drops | "
-             "relay lateness (us) | CPU steal (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "relay lateness, mean (us) / max (ms) | CPU steal (s) | stalled steps by slow rank |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         net = r.get("network") or {}
         counts = " | ".join(str(net.get(key, "-")) for key in (
             "tcp_timeouts", "retrans_segs", "tun_tx_dropped", "relay_dropped_queue"))
-        late, steal = net.get("relay_mean_late_us"), net.get("cpu_steal_s")
+        late, late_max = net.get("relay_mean_late_us"), net.get("relay_max_late_ms")
+        steal = net.get("cpu_steal_s")
+        slow = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("stall_ranks", {}).items())) or "-"
         lines.append(f"| {r['name']} | {r.get('stall_s', 0.0):.1f} | {counts} | "
-                     f"{'-' if late is None else f'{late:.0f}'} | "
-                     f"{'-' if steal is None else f'{steal:.1f}'} |")
+                     f"{'-' if late is None else f'{late:.0f}'}"
+                     f"{'' if late_max is None else f' / {late_max:.1f}'} | "
+                     f"{'-' if steal is None else f'{steal:.1f}'} | "
+                     f"{slow} |")
     return lines
 
 

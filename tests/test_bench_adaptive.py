@@ -128,3 +128,16 @@ def test_stall_seconds_count_only_time_beyond_three_medians():
     assert stall_s([100.0] * 10) == 0.0
     # median 100 ms: a 1000 ms step lost 700 ms beyond 3 x 100; a 250 ms step lost nothing
     assert abs(stall_s([100.0] * 10 + [250.0, 1000.0]) - 0.7) < 1e-9
+
+
+def test_stall_ranks_names_the_rank_the_others_waited_for():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_adaptive import stall_ranks
+
+    ms = [100.0] * 10 + [1000.0, 900.0]
+    rec = {"per_step": {"ms": ms, "probe_ms": [0.0] * 12},
+           "own_ms_by_rank": [[20.0] * 12, [20.0] * 10 + [880.0, 20.0]]}
+    # step 10: rank 1 computed for 880 ms while rank 0 waited; step 11: no rank was slow
+    assert stall_ranks(rec, 12) == {"rank 1": 1, "none": 1}
+    assert stall_ranks(rec, 10) == {}  # no stall before step 10
+    assert stall_ranks({"per_step": rec["per_step"]}, 12) == {}  # older records: no per-rank times

@@ -154,6 +154,7 @@ class Relay:
             "dropped_write": 0,
             "released": 0,  # packets that waited in the heap
             "late_us_sum": 0.0,  # sum over them of (time written - release time), microseconds
+            "late_us_max": 0.0,  # the largest of those (a relay that stalled shows here)
         }
         self.ctl_buf = b""
         self.rng = random.Random(12345)
@@ -292,7 +293,10 @@ class Relay:
         stats = self.stats
         while heap and heap[0][0] <= now:
             release, _, dst, pkt = heapq.heappop(heap)
-            stats["late_us_sum"] += (now - release) * 1e6
+            late_us = (now - release) * 1e6
+            stats["late_us_sum"] += late_us
+            if late_us > stats["late_us_max"]:
+                stats["late_us_max"] = late_us
             stats["released"] += 1
             self._write(dst, pkt)
 
