@@ -281,10 +281,9 @@ def stall_ranks(rec: dict[str, Any], n_steps: int) -> dict[str, int]:
     rank's own time was (everyone waited in a collective: the network or Horovod). {} when the
     record has no per-rank times."""
     own = rec.get("own_ms_by_rank")
-    ps = rec["per_step"]
-    if not own or not ps["ms"]:
+    step_ms = probe_free_ms(rec["per_step"])
+    if not own or not step_ms:
         return {}
-    step_ms = [ms - (p or 0.0) for ms, p in zip(ps["ms"], ps["probe_ms"])]
     limit = STALL_FACTOR * statistics.median(step_ms)
     own_limits = [STALL_FACTOR * statistics.median(r) if r else math.inf for r in own]
     counts: Counter = Counter()
@@ -296,6 +295,11 @@ def stall_ranks(rec: dict[str, Any], n_steps: int) -> dict[str, int]:
     return dict(counts)
 
 
+def probe_free_ms(per_step: dict[str, list]) -> list[float]:
+    """Rank 0's step times (ms) without the probing they held."""
+    return [ms - (probe or 0.0) for ms, probe in zip(per_step["ms"], per_step["probe_ms"])]
+
+
 def row_steps(hit: Optional[dict], rec: dict[str, Any]) -> int:
     """Steps that count towards the time to target: up to the hit, or every step (none hit)."""
     return rec["steps"] if hit is None else int(hit["step"])
@@ -305,6 +309,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
     """One row of the table from one method record of the job."""
     hit = next((e for e in rec["evals"] if e["accuracy"] >= target), None)
     ps = rec["per_step"]
+    n_counted = row_steps(hit, rec)
     row = {
         "name": rec["method"]["name"], "kind": rec["method"]["kind"], "cr": rec["method"]["cr"],
         "describe": rec["describe"],
@@ -323,10 +328,9 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "refresh_probes": rec.get("flexible", {}).get("n_refreshes"),
         "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
         "epochs_started": rec["epochs_started"],
-        "stall_s": stall_s([ms - (probe or 0.0) for ms, probe in
-                            zip(ps["ms"][:row_steps(hit, rec)], ps["probe_ms"])]),
+        "stall_s": stall_s(probe_free_ms(ps)[:n_counted]),
         "network": rec.get("network", {}),
-        "stall_ranks": stall_ranks(rec, row_steps(hit, rec)),
+        "stall_ranks": stall_ranks(rec, n_counted),
     }
     if rec["method"]["kind"] == "adaptive":
         crs = [c for c in ps["cr"] if c is not None]

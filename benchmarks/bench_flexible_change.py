@@ -48,6 +48,11 @@ def _rate(text: str) -> Optional[float]:
     return None if text.lower() in ("inf", "unlimited", "none") else float(text)
 
 
+def _next_change(step: int, changes: list[int]) -> Optional[int]:
+    """The first change step after ``step`` (None: it is the last change)."""
+    return min((x for x in changes if x > step), default=None)
+
+
 def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str, Any]]:
     """For each change step: the path in use before it, the first later step on another path."""
     steps = sorted((r for r in records if r.get("kind") == "step"), key=lambda r: r["step"])
@@ -57,8 +62,8 @@ def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str,
         if c == 0:
             continue
         before = by_step.get(c - 1, {}).get("collective")
-        nxt = [x for x in changes if x > c]
-        seg = [r for r in steps if c <= r["step"] < (nxt[0] if nxt else math.inf)]
+        nxt = _next_change(c, changes)
+        seg = [r for r in steps if c <= r["step"] < (math.inf if nxt is None else nxt)]
         switch = next((r["step"] for r in seg if r["collective"] != before), None)
         after = [r["collective"] for r in seg]
         probes = [r["step"] for r in seg if r.get("probe_ms")]
@@ -89,9 +94,6 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
         ax3.step(xs, [r.get("cr") for r in steps], where="mid", color="tab:green")
         ax3.set_yscale("log")
         ax3.set_ylabel("CR in use")
-        for c in changes:
-            if c:
-                ax3.axvline(c - 0.5, color="red", lw=1.5)
         solves = [s for r in records if r.get("kind") == "solves" for s in r["solves"]]
         for s in solves:
             ax3.axvline(s["step"], color="0.6", lw=0.8, ls=":")
@@ -99,6 +101,7 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
     else:
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True,
                                        gridspec_kw={"height_ratios": [3, 1]})
+    axes = fig.axes  # every panel gets the change lines
     pa = [(r.get("predicted_ms") or {}).get("allgather", math.nan) for r in steps]
     pr = [(r.get("predicted_ms") or {}).get("allreduce", math.nan) for r in steps]
     ax1.plot(xs, pa, color="tab:blue", ls="--", lw=1.2, label="predicted AG-Topk")
@@ -120,7 +123,7 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
     for c in changes:
         if c:
             net = next((r["network"] for r in steps if r["step"] == c), None) or {}
-            for ax in (ax1, ax2):
+            for ax in axes:
                 ax.axvline(c - 0.5, color="red", lw=1.5)
             ax1.annotate(f"-> {net.get('label', '?')}", (c - 0.5, 1.0), xycoords=("data", "axes fraction"),
                          color="red", ha="left", va="top", fontsize=9)
@@ -189,8 +192,8 @@ def analyse_cr(records: list[dict[str, Any]], changes: list[int],
     for c in changes:
         if c == 0:
             continue
-        nxt = [x for x in changes if x > c]
-        end = (nxt[0] if nxt else max(steps, default=c) + 1) - 1
+        nxt = _next_change(c, changes)
+        end = (max(steps, default=c) + 1 if nxt is None else nxt) - 1
         before = [s for s in solves if s["step"] < c]
         after = [s for s in solves if c <= s["step"] <= end and s["reason"] == "network model recalibrated"]
         prev, new = (before[-1] if before else None), (after[0] if after else None)
