@@ -40,7 +40,9 @@ Methods (``--methods``): ``dense``, ``ag:CR`` (``AGTopk``), ``ar:CR`` (``ARTopk`
 ``flexible:CR`` (``Flexible``), ``adaptive`` (``Adaptive`` with its defaults -- CR 0.1 right after
 warm-up, candidates 0.1..0.001, ``[c_low, c_high] = [0.001, 0.1]``, weights (0.6, 0.4), STAR --
 plus ``warmup_steps=--warmup-steps``, default 50: the CR falls linearly from 1.0 to 0.1 over the
-first 50 steps, in blocks of 10), ``adaptive:W`` (the same with a warm-up of W steps). Default:
+first 50 steps, in blocks of 10), ``adaptive:W`` (the same with a warm-up of W steps),
+``adaptive-front[:W]`` (the same with ``time_scale="front"``, the paper's normalisation of the time
+objective, instead of the default ``"step"``). Default:
 Dense, AG-Topk 0.1 / 0.01, AR-Topk 0.1 / 0.01, Flexible 0.01, Adaptive.
 
 Targets (reported, not asserted): Adaptive reaches the target in less training time than every
@@ -111,17 +113,20 @@ TRAIN_IMAGES = 60_000
 
 
 def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
-    """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` -> a plan entry."""
+    """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` /
+    ``adaptive-front[:W]`` -> a plan entry."""
     kind, _, arg = text.lower().partition(":")
     if kind == "dense":
         return {"name": "Dense", "kind": "dense", "cr": 1.0}
-    if kind == "adaptive":  # "adaptive" or "adaptive:W" (warm-up of W steps instead of the default)
-        name = "Adaptive"
+    if kind in ("adaptive", "adaptive-front"):  # ":W": a warm-up of W steps instead of the default
+        name, options = "Adaptive", {}
+        if kind == "adaptive-front":
+            name, options = "Adaptive (front-normalised)", {"time_scale": "front"}
         if arg:
             warmup_steps = int(arg)
-            name = f"Adaptive (warm-up {warmup_steps})"
+            name = f"{name} (warm-up {warmup_steps})"
         return {"name": name, "kind": "adaptive", "cr": None,
-                "options": {"warmup_steps": warmup_steps}}
+                "options": {"warmup_steps": warmup_steps, **options}}
     if kind not in ("ag", "ar", "flexible") or not arg:
         raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR or adaptive")
     cr = float(arg)
@@ -142,7 +147,7 @@ def adaptive_defaults() -> dict[str, Any]:
     return {"cr": a.cr, "c_low": a.c_low, "c_high": a.c_high, "candidates": list(a.candidates),
             "weights": list(a.weights), "gain_every": a.gain_every, "sync_every": a.sync_every,
             "min_interval": a.min_interval, "gain_threshold": a.gain_threshold,
-            "selector": a.selector, "min_cr_change": a.min_cr_change}
+            "selector": a.selector, "min_cr_change": a.min_cr_change, "time_scale": a.time_scale}
 
 
 # -- running the job ------------------------------------------------------------------------------

@@ -178,9 +178,10 @@ def analyse_cr(records: list[dict[str, Any]], changes: list[int],
     """Adaptive only. For each change: the CR in use before it and at the end of its segment,
     the first re-solve after it whose reason is the recalibrated network model, the cheaper path
     per candidate CR in that solve and in the solve before the change, and a counterfactual: the
-    CR the solver picks from the **old** network's predicted times with the **new** gains (the
-    same solver and settings, deterministic), so that the part of the CR change due to the
-    network is told apart from the part due to the gains."""
+    CR the solver picks from the **old** network's predicted times (and the old solve's time
+    outside communication, which the job's own barrier and timing collectives make network-bound
+    too) with the **new** gains (the same solver and settings, deterministic), so that the part
+    of the CR change due to the network is told apart from the part due to the gains."""
     import hvd_flexcomm
     from hvd_flexcomm.moo import solve_cr
 
@@ -207,10 +208,13 @@ def analyse_cr(records: list[dict[str, Any]], changes: list[int],
             "paths_after": None if new is None else new["paths"],
             "solved_before": None if prev is None else prev["cr"],
             "solved_after": None if new is None else new["cr"],
+            "other_ms_before": None if prev is None else prev.get("other_ms"),
+            "other_ms_after": None if new is None else new.get("other_ms"),
         }
         if prev is not None and new is not None:
             old_curve = solve_cr(new["crs"], prev["comm_ms"], new["gains"], mode.c_low, mode.c_high,
-                                 mode.weights, mode.pop_size, mode.n_gen)
+                                 mode.weights, mode.pop_size, mode.n_gen,
+                                 other_ms=prev.get("other_ms"))
             row["solved_with_old_times"] = old_curve.cr
             row["network_moved_pick"] = abs(new["cr"] - old_curve.cr) / old_curve.cr
         out.append(row)
@@ -231,6 +235,9 @@ def report_cr(rows: list[dict[str, Any]]) -> list[str]:
                 f"candidates: {'yes' if kink else 'no'}); solved CR {r['solved_before']:.4g} -> "
                 f"{r['solved_after']:.4g}; CR in use {r['cr_before']} -> {r['cr_end']} (first "
                 f"changed at step {r['first_cr_change_step']})")
+        if r.get("other_ms_after") is not None and r.get("other_ms_before") is not None:
+            line += (f"; time outside communication per step {r['other_ms_before']:.1f} -> "
+                     f"{r['other_ms_after']:.1f} ms")
         if "solved_with_old_times" in r:
             line += (f"; with the old network's times and the new gains the solver picks "
                      f"{r['solved_with_old_times']:.4g}: the network moved the pick by "

@@ -199,11 +199,12 @@ def _change_mode(plan: dict, cr: float) -> hvd_flexcomm.Flexible:
 
 
 def _solves(opt) -> list[dict]:
-    """Adaptive's finished solves on rank 0 (step, reason, inputs, solved CR); [] otherwise."""
+    """Adaptive's finished solves on rank 0 (step, reason, inputs including the time outside
+    communication the time objective was normalised by, solved CR); [] otherwise."""
     ada = getattr(opt, "_flex_adaptive", None)
     if ada is None:
         return []
-    keep = ("step", "reason", "crs", "comm_ms", "paths", "gains", "cr")
+    keep = ("step", "reason", "crs", "comm_ms", "paths", "gains", "other_ms", "cr")
     return [{k: s[k] for k in keep} for s in ada.solves if s["end"] is not None]
 
 

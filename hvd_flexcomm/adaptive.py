@@ -14,7 +14,9 @@ Who does what:
   the current one is not announced at all (rank 0 keeps it as ``last_result``);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
-  the calibrated cost model (the cheaper path at each CR), and, when a trigger fires, submits the
+  the calibrated cost model (the cheaper path at each CR), keeps the median of its recent steps'
+  time outside communication (``time_scale="step"`` normalises the time objective by it, see
+  :func:`~hvd_flexcomm.moo.normalise_front`), and, when a trigger fires, submits the
   NSGA-II solve (:func:`~hvd_flexcomm.moo.solve_cr`) to a background thread. Training never waits
   for it: the result is picked up at the first announcement after it is ready. If the solver
   fails, training continues on the last CR and the error is logged once.
@@ -23,7 +25,9 @@ Who does what:
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
@@ -35,6 +39,9 @@ from .moo import MooResult, preload, solve_cr
 from .topk import TopkWorkspace
 
 __all__ = ["AdaptiveController", "warmup_cr"]
+
+#: How many recent steps' time outside communication the median of ``other_ms`` is taken over.
+OTHER_MS_WINDOW = 32
 
 log = logging.getLogger("hvd_flexcomm.adaptive")
 
@@ -77,8 +84,12 @@ class AdaptiveController:
         self.changes: list[tuple[int, float]] = []  # (step, cr) of every change after warm-up
         #: rank 0, one per solve: step, reason, start/end (perf_counter s), its inputs (candidate
         #: ``crs``, predicted ``comm_ms`` of the cheaper path at each and which ``paths``, smoothed
-        #: ``gains``) and the solved ``cr`` (None until done, or if it failed)
+        #: ``gains``), the step's time outside communication ``other_ms`` the time objective was
+        #: normalised by (None: the paper's normalisation) and the solved ``cr`` (None until done,
+        #: or if it failed)
         self.solves: list[dict] = []
+        #: rank 0: recent steps' time outside communication (ms), see :meth:`note_other_ms`
+        self.other_samples_ms: deque = deque(maxlen=OTHER_MS_WINDOW)
         self.failed = False
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self.last_announce_step: Optional[int] = None
@@ -183,6 +194,20 @@ class AdaptiveController:
             return None
         return cr
 
+    def note_other_ms(self, ms: float) -> None:
+        """Rank 0: one step's time outside communication (ms): from the end of the previous
+        step's synchronisation to the start of this one's (forward, backward, optimizer update,
+        data loading)."""
+        if self.rank == 0 and ms >= 0:
+            self.other_samples_ms.append(float(ms))
+
+    def other_ms(self) -> Optional[float]:
+        """The time-objective offset of the next solve: the median of the recent steps' time
+        outside communication (ms); 0 before any was measured; None with ``time_scale="front"``."""
+        if self.mode.time_scale == "front":
+            return None
+        return statistics.median(self.other_samples_ms) if self.other_samples_ms else 0.0
+
     def observe(self, step: int, error_fed: Optional[torch.Tensor]) -> None:
         """Rank 0, after a step's payload is submitted: measure gains (every ``gain_every``
         steps, from ``error_fed``) and submit a solve when a trigger fires."""
@@ -228,6 +253,7 @@ class AdaptiveController:
         except Exception as exc:  # noqa: BLE001 - the service must never stop training
             self._fail_once(exc)
             return
+        other_ms = self.other_ms()
         self.tracker.mark_reference()
         self.last_model_version = self.model_version()
         if self._executor is None:
@@ -235,13 +261,14 @@ class AdaptiveController:
                                                 thread_name_prefix="hvd_flexcomm-moo")
         log.info("hvd_flexcomm: step %d: re-optimising the CR (%s)", step, reason)
         record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None,
-                  "crs": crs, "comm_ms": comm_ms, "paths": paths, "gains": gains, "cr": None}
+                  "crs": crs, "comm_ms": comm_ms, "paths": paths, "gains": gains,
+                  "other_ms": other_ms, "cr": None}
         self.solves.append(record)
 
         def job() -> MooResult:
             try:
                 result = solve_cr(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
-                                  mode.pop_size, mode.n_gen)
+                                  mode.pop_size, mode.n_gen, other_ms=other_ms)
                 record["cr"] = result.cr
                 return result
             finally:
@@ -262,7 +289,7 @@ class AdaptiveController:
                 "n_announcements": self.n_announcements, "n_kept": self.n_kept,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
                                                        "gain": r.gain, "curves": r.curves,
-                                                       "front": r.front}}
+                                                       "front": r.front, "other_ms": r.other_ms}}
 
     def load_dict(self, state: dict) -> None:
         self.cr = float(state.get("cr", self.cr))

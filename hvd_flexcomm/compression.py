@@ -212,6 +212,7 @@ def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
 
 #: Candidate CRs of the paper (0.1 / 3^i, rounded as published).
 DEFAULT_CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)
+TIME_SCALES = ("step", "front")  # Adaptive.time_scale: see moo.normalise_front
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,13 @@ class Adaptive(Flexible):
       renegotiation of the new message sizes, 0.3–0.4 s at 5 ms one way and N=4
       (``docs/performance/horovod_op_cost.md``), for a CR a few percent off; 0 announces every
       solve.
+    - ``time_scale``: how the time objective is normalised before the ASF pick
+      (:func:`~hvd_flexcomm.moo.normalise_front`). ``"step"``: the step time a CR adds as a
+      fraction of the dearest candidate's whole step (rank 0's median time outside communication
+      per step, plus that candidate's predicted communication), so the pick follows the network:
+      where latency or computation dominate the step, a lower CR saves less and the pick moves
+      up. ``"front"``: the paper's ideal-nadir normalisation, blind to the time curve's offset
+      and scale (only its shape moves the pick).
     """
 
     cr: float = 0.1
@@ -256,6 +264,7 @@ class Adaptive(Flexible):
     pop_size: int = 40
     n_gen: int = 40
     min_cr_change: float = 0.1
+    time_scale: str = "step"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -277,8 +286,10 @@ class Adaptive(Flexible):
         _check_fraction("min_cr_change", self.min_cr_change, allow_zero=True)
         if not 0 < self.gain_smoothing <= 1:
             raise ValueError(f"gain_smoothing must be in (0, 1], got {self.gain_smoothing!r}")
+        if self.time_scale not in TIME_SCALES:
+            raise ValueError(f"time_scale must be one of {TIME_SCALES}, got {self.time_scale!r}")
 
     def describe(self) -> str:
         return (f"Adaptive(cr={self.cr:g}, c_low={self.c_low:g}, c_high={self.c_high:g}, "
                 f"weights={self.weights}, warmup_steps={self.warmup_steps}, "
-                f"selector={self.selector!r})")
+                f"time_scale={self.time_scale!r}, selector={self.selector!r})")

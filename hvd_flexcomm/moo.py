@@ -3,8 +3,19 @@
 Pure functions (no Horovod): fit smooth curves through per-candidate measurements, solve the
 two-objective problem ``min_c (t(c), 1/gain(c))`` over ``c in [c_low, c_high]`` with pymoo's
 NSGA-II, and pick one point of the Pareto front with an achievement scalarizing function (ASF) on
-the front normalised by its ideal and nadir points, with weights (default 0.6 time / 0.4 gain, as
-the paper).
+the normalised front, with weights (default 0.6 time / 0.4 gain, as the paper).
+
+Normalisation (:func:`normalise_front`), ``1/gain`` always by the front's ideal and nadir:
+
+- ``other_ms=None`` (the paper): time by its ideal and nadir too. Blind to the network's scale: a
+  time curve ``a + b·c`` normalises to ``(c - c_low)/(c_high - c_low)`` whatever latency and
+  bandwidth made ``a`` and ``b``;
+- ``other_ms`` given (the step's time outside communication, ms): ``(t - t_ideal) / (other_ms +
+  t_nadir)``, the step time a CR adds over the cheapest point, as a fraction of the dearest point's
+  whole step. Where communication is most of the step and its cheapest point costs little (a
+  bandwidth-bound network) this is the paper's normalisation; where latency or computation
+  dominate, lowering the CR saves a smaller part of the step, the time objective spans less, and
+  the pick moves to a higher CR (more of the gradient kept for little time).
 
 Curves (``c`` is the CR, a fraction):
 
@@ -22,11 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "preload", "solve_cr"]
+__all__ = ["Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "normalise_front", "preload",
+           "solve_cr"]
 
 _FIT_TOLERANCE = 0.25
 
@@ -101,14 +113,20 @@ class MooResult:
     front: list = field(default_factory=list)  # [(cr, time_ms, gain), ...] sorted by cr
     curves: dict = field(default_factory=dict)
     weights: tuple = (0.6, 0.4)
+    other_ms: Optional[float] = None  # the step's time outside communication; None: the paper's
+
+    def time_scale(self) -> str:
+        if self.other_ms is None:
+            return "time normalised by the front's span"
+        return f"time as a fraction of the dearest step (+{self.other_ms:.1f} ms outside communication)"
 
     def explain(self) -> str:
         lo, hi = self.front[0], self.front[-1]
         return (f"picked cr={self.cr:.4g}: predicted comm {self.time_ms:.2f} ms, gain {self.gain:.3f}"
                 f" (front from cr={lo[0]:.4g}: {lo[1]:.2f} ms / gain {lo[2]:.3f} to cr={hi[0]:.4g}: "
                 f"{hi[1]:.2f} ms / gain {hi[2]:.3f}; weights time {self.weights[0]:g} / gain "
-                f"{self.weights[1]:g}; curves: time {self.curves.get('time')}, gain "
-                f"{self.curves.get('gain')})")
+                f"{self.weights[1]:g}; {self.time_scale()}; curves: time "
+                f"{self.curves.get('time')}, gain {self.curves.get('gain')})")
 
 
 def preload() -> None:
@@ -120,10 +138,32 @@ def preload() -> None:
     import pymoo.optimize  # noqa: F401
 
 
+def _check_other_ms(other_ms: Optional[float]) -> None:
+    if other_ms is not None and not (isinstance(other_ms, (int, float)) and math.isfinite(other_ms)
+                                     and other_ms >= 0):
+        raise ValueError(f"other_ms must be a finite number >= 0 (ms) or None, got {other_ms!r}")
+
+
+def normalise_front(F: np.ndarray, other_ms: Optional[float] = None) -> np.ndarray:
+    """Objectives ``F`` (rows: points; columns: time in ms, 1/gain) mapped for the ASF: each
+    column minus its ideal (so the ideal point is 0), divided by the nadir minus the ideal, except
+    the time column when ``other_ms`` (ms, >= 0) is given: divided by ``other_ms`` plus the time
+    nadir. Values in [0, 1]; a column without spread maps to 0."""
+    _check_other_ms(other_ms)
+    F = np.asarray(F, dtype=np.float64)
+    ideal, nadir = F.min(axis=0), F.max(axis=0)
+    span = nadir - ideal
+    if other_ms is not None:
+        span[0] = other_ms + nadir[0]
+    return (F - ideal) / np.where(span > 1e-12, span, 1.0)
+
+
 def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
              c_low: float, c_high: float, weights: tuple = (0.6, 0.4), pop_size: int = 40,
-             n_gen: int = 40, seed: int = 1) -> MooResult:
-    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves; ASF pick with ``weights``."""
+             n_gen: int = 40, seed: int = 1, other_ms: Optional[float] = None) -> MooResult:
+    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves; ASF pick with ``weights`` on
+    the front normalised by :func:`normalise_front` (``other_ms``: the step's time outside
+    communication, ms, or None for the paper's normalisation)."""
     from pymoo.algorithms.moo.nsga2 import NSGA2
     from pymoo.core.problem import Problem
     from pymoo.decomposition.asf import ASF
@@ -134,6 +174,7 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
 
     if not 0 < c_low < c_high <= 1:
         raise ValueError(f"need 0 < c_low < c_high <= 1, got {c_low}, {c_high}")
+    _check_other_ms(other_ms)
     time_curve = fit_comm_curve(crs, comm_ms)
     gain_curve = fit_gain_curve(crs, gains)
 
@@ -150,13 +191,11 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
                       mutation=PM(eta=20), eliminate_duplicates=True)
     res = minimize(_Problem(), algorithm, ("n_gen", n_gen), seed=seed, verbose=False)
     X, F = np.atleast_2d(res.X).reshape(-1, 1), np.atleast_2d(res.F)
-    ideal, nadir = F.min(axis=0), F.max(axis=0)
-    span = np.where(nadir - ideal > 1e-12, nadir - ideal, 1.0)
-    normalised = (F - ideal) / span
+    normalised = normalise_front(F, other_ms)
     w = np.asarray(weights, dtype=np.float64)
     pick = int(ASF().do(normalised, 1.0 / w).argmin())
     order = np.argsort(X[:, 0])
     front = [(float(X[i, 0]), float(F[i, 0]), float(1.0 / F[i, 1])) for i in order]
     return MooResult(cr=float(X[pick, 0]), time_ms=float(F[pick, 0]), gain=float(1.0 / F[pick, 1]),
                      front=front, curves={"time": time_curve.kind, "gain": gain_curve.kind},
-                     weights=tuple(weights))
+                     weights=tuple(weights), other_ms=other_ms)

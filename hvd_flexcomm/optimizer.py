@@ -93,6 +93,8 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
         self._flex_announce_flag = False  # Adaptive: rank 0's announce flag, as last received
         self._flex_probe_ms = 0.0  # probing time spent in the current step
+        self._flex_sync_end: Optional[float] = None  # perf_counter s when the last step's sync ended
+        self._flex_other_ms: Optional[float] = None  # this step's time outside synchronize (ms)
         self._flex_probe_kind: Optional[str] = None  # its kind: "full", "drift" or "refresh"
         self.last_stats: dict = {}
         compressor = mode.compressor if isinstance(mode, Dense) else None
@@ -245,6 +247,11 @@ class _FlexMethods(torch.optim.Optimizer):
             return
         self._flex_probe_ms = 0.0
         self._flex_probe_kind = None
+        sync_start = time.perf_counter()
+        self._flex_other_ms = (None if self._flex_sync_end is None
+                               else 1e3 * (sync_start - self._flex_sync_end))
+        if self._flex_adaptive is not None and self._flex_other_ms is not None:
+            self._flex_adaptive.note_other_ms(self._flex_other_ms)
         if self._flex_adaptive is not None:
             self._flex_check_consistency()
             self._flex_cr = self._flex_adaptive.cr_for_step(self._flex_step,
@@ -274,6 +281,7 @@ class _FlexMethods(torch.optim.Optimizer):
             self._flex_after_step(outcomes)
         self._flex_step += 1
         self._synchronized = True
+        self._flex_sync_end = time.perf_counter()
 
     def _flex_route(self) -> None:
         """Flexible: run the probes that are due (identically on every rank), then make sure the
@@ -341,6 +349,7 @@ class _FlexMethods(torch.optim.Optimizer):
             "comm_ms": 1e3 * sum(o.comm_s for o in outcomes),
             "timings_ms": [sum(o.timings_ms[i] for o in outcomes) for i in range(3)],
             "gain": float(sum(w * o.gain for w, o in zip(weights, outcomes))),
+            "other_ms": self._flex_other_ms,
             "skipped": skipped,
             "nonfinite_ranks": bad,
         }
@@ -456,8 +465,10 @@ def DistributedOptimizer(
     ``comm_ms``, ``timings_ms`` (top-k only: this rank's ms in the first collective, the second
     one and VAR's norm allgather; each includes the wait for the last rank to enter it),
     ``gain`` (‖compressed‖² / ‖error-fed‖², a fraction), ``skipped`` (a non-finite
-    gradient on some rank: the step was skipped on every rank, residuals kept) and
-    ``nonfinite_ranks``. Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms`` and
+    gradient on some rank: the step was skipped on every rank, residuals kept),
+    ``nonfinite_ranks`` and ``other_ms`` (top-k only: ms from the end of the previous step's
+    synchronisation to the start of this one's, i.e. time outside communication; None at the
+    first step). Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms`` and
     ``probe_ms``.
 
     Every top-k payload carries a small hash of (settings, step, CR, path); if the ranks' hashes

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hvd_flexcomm import Adaptive
-from hvd_flexcomm.adaptive import AdaptiveController, warmup_cr
+from hvd_flexcomm.adaptive import OTHER_MS_WINDOW, AdaptiveController, warmup_cr
 from hvd_flexcomm.gains import GainTracker, gains_at_crs
-from hvd_flexcomm.moo import MooResult, fit_comm_curve, fit_gain_curve, solve_cr
+from hvd_flexcomm.moo import MooResult, fit_comm_curve, fit_gain_curve, normalise_front, solve_cr
 from hvd_flexcomm.topk import k_for
 
 CANDS = (0.1, 0.033, 0.011, 0.004, 0.001)
@@ -94,10 +94,11 @@ def test_more_weight_on_time_means_lower_cr():
 
 def test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale():
     """A documented property of the paper's decomposition (ASF on the front normalised by its
-    ideal and nadir): when the time curve is fitted as ``a + b·c``, its normalised values are
-    ``(c - c_low) / (c_high - c_low)`` whatever ``a`` and ``b`` are, so the network's latency and
-    bandwidth do not move the pick; only a time curve of another shape (e.g. the cheaper path
-    changing inside the range, which the line does not fit) or the gains do."""
+    ideal and nadir, ``other_ms=None``, ``Adaptive(time_scale="front")``): when the time curve is
+    fitted as ``a + b·c``, its normalised values are ``(c - c_low) / (c_high - c_low)`` whatever
+    ``a`` and ``b`` are, so the network's latency and bandwidth do not move the pick; only a time
+    curve of another shape (e.g. the cheaper path changing inside the range, which the line does
+    not fit) or the gains do."""
     crs = np.array(CANDS)
     gains = np.minimum(1, 2 * crs ** 0.4)
     picks = {solve_cr(crs, a + b * crs, gains, 0.001, 0.1).cr
@@ -107,6 +108,45 @@ def test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale():
     res = solve_cr(crs, kinked, gains, 0.001, 0.1)
     assert res.curves["time"] == "interpolation"
     assert abs(res.cr - picks.pop()) > 0.002
+
+
+def test_normalise_front_by_span_or_by_the_dearest_step():
+    F = np.array([[10.0, 1.0], [30.0, 4.0], [50.0, 2.0]])  # time ms, 1/gain
+    assert normalise_front(F) == pytest.approx(np.array([[0, 0], [0.5, 1], [1, 1 / 3]]))
+    # time: (t - 10) / (50 + 150), the dearest point's whole step; 1/gain unchanged
+    assert normalise_front(F, other_ms=150.0) == pytest.approx(np.array([[0, 0], [0.1, 1], [0.2, 1 / 3]]))
+    assert normalise_front(np.array([[5.0, 2.0], [5.0, 2.0]])) == pytest.approx(np.zeros((2, 2)))
+    for bad in (-1.0, math.nan, math.inf, "10"):
+        with pytest.raises(ValueError, match="other_ms"):
+            normalise_front(F, other_ms=bad)
+    with pytest.raises(ValueError, match="other_ms"):
+        solve_cr(CANDS, [1, 2, 3, 4, 5], [0.5, 0.4, 0.3, 0.2, 0.1], 0.001, 0.1, other_ms=-5)
+
+
+def test_step_time_scale_moves_the_pick_with_latency_and_computation():
+    """``time_scale="step"`` (``other_ms`` given): the same line ``a + b·c`` normalised by the
+    dearest step, so a network whose cost is mostly latency (large ``a``), or a step that is
+    mostly computation (large ``other_ms``), makes a lower CR save a smaller part of the step and
+    the pick moves to a higher CR. A bandwidth-bound line through 0 with nothing else in the step
+    normalises as the paper's does."""
+    crs = np.array(CANDS)
+    gains = np.minimum(1, 2 * crs ** 0.8)
+    bandwidth_bound, latency_bound = 2500 * crs, 60 + 600 * crs
+    paper = solve_cr(crs, bandwidth_bound, gains, 0.001, 0.1).cr
+    assert solve_cr(crs, latency_bound, gains, 0.001, 0.1).cr == paper  # blind to the scale
+    same = solve_cr(crs, bandwidth_bound, gains, 0.001, 0.1, other_ms=0.0).cr
+    assert same == pytest.approx(paper, rel=0.02)
+    on_latency = solve_cr(crs, latency_bound, gains, 0.001, 0.1, other_ms=0.0)
+    assert on_latency.cr > 1.1 * paper
+    assert "fraction of the dearest step" in on_latency.explain()
+    picks = [solve_cr(crs, bandwidth_bound, gains, 0.001, 0.1, other_ms=o).cr
+             for o in (0.0, 100.0, 1000.0, 1e6)]
+    assert all(b > a for a, b in zip(picks, picks[1:])), picks
+    assert picks[-1] > 0.09  # communication negligible in the step: the most gain
+    # a uniformly slower network with nothing else in the step keeps the pick (the ratio of
+    # the time a CR adds to the dearest step is unchanged)
+    assert solve_cr(crs, 3 * latency_bound, gains, 0.001, 0.1, other_ms=0.0).cr == pytest.approx(
+        on_latency.cr, rel=1e-6)
 
 
 def test_solver_survives_unfittable_inputs():
@@ -143,6 +183,31 @@ def test_controller_state_round_trip_keeps_the_announcement_bookkeeping():
     fresh, _ = _controller()
     fresh.load_dict(old)
     assert fresh.last_announce_step is None and fresh.n_announcements == 0 and fresh.cr == 0.02
+
+
+def test_solves_are_normalised_by_rank0s_median_time_outside_communication():
+    ctrl, _ = _controller(n_gen=5, pop_size=8)
+    assert ctrl.other_ms() == 0.0  # nothing measured yet
+    for ms in [40.0, 41.0, 5000.0, 39.0, 42.0]:  # one slow step (e.g. an evaluation) is ignored
+        ctrl.note_other_ms(ms)
+    assert ctrl.other_ms() == 41.0
+    for ms in range(100 + OTHER_MS_WINDOW):  # only the recent window counts
+        ctrl.note_other_ms(float(ms))
+    assert ctrl.other_ms() == pytest.approx(100 + (OTHER_MS_WINDOW - 1) / 2)
+    ctrl.tracker.update([0.5, 0.3, 0.15, 0.07, 0.02])
+    ctrl._submit(0, "test")
+    ctrl._future.result(timeout=60)
+    assert ctrl.solves[-1]["other_ms"] == ctrl.other_ms()
+    assert ctrl._ready_result() is not None and ctrl.last_result.other_ms == ctrl.other_ms()
+    assert ctrl.to_dict()["last_result"]["other_ms"] == ctrl.other_ms()
+    ctrl.close()
+    paper, _ = _controller(time_scale="front")
+    paper.note_other_ms(40.0)
+    assert paper.other_ms() is None  # the paper's normalisation ignores it
+    other_rank = AdaptiveController(ctrl.mode, rank=1, hvd=None, process_set=None,
+                                    predict_ms=ctrl.predict_ms, model_version=lambda: 0)
+    other_rank.note_other_ms(40.0)
+    assert not other_rank.other_samples_ms  # only rank 0 solves
 
 
 def test_triggers_first_gain_change_network_change_and_min_interval():
@@ -199,7 +264,7 @@ def test_solver_failures_are_contained(caplog):
     ({"weights": (1, -1)}, "weights"), ({"gain_every": 0}, "gain_every"),
     ({"warmup_steps": -1}, "warmup_steps"), ({"gain_threshold": 0}, "gain_threshold"),
     ({"candidates": (0.1, 2.0)}, "cr must be in"), ({"min_cr_change": 1.0}, "min_cr_change"),
-    ({"min_cr_change": -0.1}, "min_cr_change"),
+    ({"min_cr_change": -0.1}, "min_cr_change"), ({"time_scale": "wall"}, "time_scale.*'wall'"),
 ])
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):

@@ -141,3 +141,17 @@ def test_stall_ranks_names_the_rank_the_others_waited_for():
     assert stall_ranks(rec, 12) == {"rank 1": 1, "none": 1}
     assert stall_ranks(rec, 10) == {}  # no stall before step 10
     assert stall_ranks({"per_step": rec["per_step"]}, 12) == {}  # older records: no per-rank times
+
+
+def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_adaptive import parse_method
+
+    assert parse_method("adaptive", 50)["options"] == {"warmup_steps": 50}
+    front = parse_method("adaptive-front:0", 50)
+    assert front["kind"] == "adaptive" and front["options"] == {"warmup_steps": 0, "time_scale": "front"}
+    assert front["name"] == "Adaptive (front-normalised) (warm-up 0)"
+    assert parse_method("ag:0.01", 50) == {"name": "AG-Topk 0.01", "kind": "ag", "cr": 0.01}
+    for bad in ("adaptive-slow", "ag", "ag:2"):
+        with pytest.raises(ValueError, match=bad):
+            parse_method(bad, 50)

@@ -92,11 +92,17 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
 
     0.1 ms one way at 100 Mbit/s, then from step 25 10 ms at an unlimited rate. The path in use
     gets slower, so the drift detector fires, a full probe recalibrates the model, and Adaptive
-    re-solves for the recalibrated network; the AG/AR crossover moves among the candidate CRs,
-    which changes the shape of the time curve (its scale alone would not move the pick, see
-    ``test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale``). Gains alone hardly
-    trigger solves here (gain_threshold 0.9); the benchmark also solves from the old network's
-    times with the new gains, so the network's part of the move is measured, not assumed."""
+    re-solves for the recalibrated network. Gains alone hardly trigger solves here
+    (gain_threshold 0.9); the benchmark also solves from the old network's times with the new
+    gains, so the network's part of the move is measured, not assumed.
+
+    What the first probe after the change measures varies: a TCP flow on the new 20 ms round
+    trip still grows its window (slow start), so a large message can cost 3x what it costs a few
+    steps later. Either way the network moves the pick: a transient, concave curve (the line does
+    not fit) pulls it down 20-57%; a settled, latency-bound one (a flat line) pulls it up ~50%
+    with ``time_scale="step"``, the default, where the paper's normalisation is blind to it (4%:
+    the run that failed this test in CI at 2b92fe5). Offline, on curves between the two measured
+    ones, the move never fell below 20%."""
     missing = _missing()
     if missing:
         pytest.skip(missing)

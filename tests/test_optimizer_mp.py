@@ -117,6 +117,8 @@ def test_flexible_paths_agree_and_match_reference(np_):
             assert set(s["predicted_ms"]) == {"allgather", "allreduce"}
             assert s["measured_ms"] > 0
         assert r["stats"][0]["probe_ms"] > 0  # start-up calibration
+        # time outside synchronize (here the test's own reference collectives and backward)
+        assert r["stats"][0]["other_ms"] is None and all(s["other_ms"] > 0 for s in r["stats"][1:])
         assert any(s["probe_ms"] > 0 for s in r["stats"][1:])  # periodic refresh (interval 4)
         # run_probes on real collectives: a size's first use adds one warm-up op, later uses and
         # refreshes (warm_up=False) not
