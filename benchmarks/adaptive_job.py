@@ -208,7 +208,9 @@ class Job:
                 "channel": ada.channel, "changes": [list(c) for c in ada.changes],
                 "announcements": ada.n_announcements, "kept": ada.n_kept,
                 "solves": [{"step": s["step"], "reason": s["reason"],
-                            "seconds": None if s["end"] is None else s["end"] - s["start"]}
+                            "seconds": None if s["end"] is None else s["end"] - s["start"],
+                            "comm_ms": s["comm_ms"], "gains": s["gains"],
+                            "other_ms": s.get("other_ms"), "cr": s["cr"]}
                            for s in ada.solves],
                 "failed": ada.failed, "last_result": None if res is None else res.explain(),
                 "gains": ada.tracker.to_dict()}
