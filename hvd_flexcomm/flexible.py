@@ -167,6 +167,20 @@ class FlexibleController:
         kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
         return [(kind, self.payload_bytes(k)[kind]) for kind in kinds]
 
+    def probe_warm_up(self, kind: str) -> tuple[bool, Optional[set]]:
+        """``(warm_up, warmed)`` for :func:`~hvd_flexcomm.probing.run_probes` of a ``kind`` probe
+        (see :meth:`probe_plan`). The start-up probe warms up each name on its first use only; a
+        refresh runs no untimed op. A probe that follows drift warms up **every** op of its plan
+        (in flight together), even names used before: the network just changed, and TCP flows
+        meeting a new round trip are still growing their congestion windows, so a size's first
+        transfers cost several times what it costs a few steps later (measured on the emulator:
+        312 / 233 / 207 / 126 / 76 ms at CR 0.1 ... 0.001 in the first probe after 0.1 ms/100 Mbit
+        -> 10 ms/unlimited, 154 / 86 / 64 / 57 / 54 ms eight steps later)."""
+        if kind == "refresh":
+            return False, self.warmed_probes
+        after_drift = kind == "drift" or self.n_full_probes > 0
+        return True, (None if after_drift else self.warmed_probes)
+
     def after_probe(self, step: int, results: list[tuple[str, int, float]], kind: str,
                     spent_ms: float) -> None:
         """Feed probe results (identical on every rank) of a ``kind`` probe (see

@@ -292,8 +292,9 @@ class _FlexMethods(torch.optim.Optimizer):
         plan, repeats, kind = ctrl.probe_plan(self._flex_step, cr)
         if plan:
             t0 = time.perf_counter()
+            warm_up, warmed = ctrl.probe_warm_up(kind)
             results = run_probes(self._flex_hvd, plan, repeats, self.process_set,
-                                 warmed=ctrl.warmed_probes, warm_up=kind != "refresh")
+                                 warmed=warmed, warm_up=warm_up)
             spent = 1e3 * (time.perf_counter() - t0)
             ctrl.after_probe(self._flex_step, results, kind, spent)
             self._flex_probe_ms, self._flex_probe_kind = spent, kind

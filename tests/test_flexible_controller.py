@@ -248,3 +248,17 @@ def test_warmup_goes_dense_when_the_dense_allreduce_is_cheaper():
     again = FlexibleController(Flexible(cr=0.1), world_size=4, numel=NUMEL)
     again.load_dict(ctrl.to_dict())  # a checkpoint taken on a dense step loads
     assert again.path == "dense" and again.router.current in ("allgather", "allreduce", None)
+
+
+def test_probes_after_drift_warm_up_every_op_again():
+    """The start-up probe warms up each op name on its first use, a refresh runs no untimed op,
+    and any probe that follows drift warms up every op of its plan again (the network changed;
+    TCP flows on the new round trip have not grown their windows yet)."""
+    flex = FlexibleController(Flexible(cr=0.01), world_size=2, numel=100_000)
+    warm_up, warmed = flex.probe_warm_up("full")
+    assert warm_up and warmed is flex.warmed_probes  # start-up: first use only
+    warm_up, warmed = flex.probe_warm_up("refresh")
+    assert not warm_up and warmed is flex.warmed_probes
+    assert flex.probe_warm_up("drift") == (True, None)
+    flex.n_full_probes = 1  # a full probe after that one follows drift (Adaptive)
+    assert flex.probe_warm_up("full") == (True, None)
