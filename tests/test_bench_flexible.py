@@ -96,13 +96,13 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     (gain_threshold 0.9); the benchmark also solves from the old network's times with the new
     gains, so the network's part of the move is measured, not assumed.
 
-    What the first probe after the change measures varies: a TCP flow on the new 20 ms round
-    trip still grows its window (slow start), so a large message can cost 3x what it costs a few
-    steps later. Either way the network moves the pick: a transient, concave curve (the line does
-    not fit) pulls it down 20-57%; a settled, latency-bound one (a flat line) pulls it up ~50%
-    with ``time_scale="step"``, the default, where the paper's normalisation is blind to it (4%:
-    the run that failed this test in CI at 2b92fe5). Offline, on curves between the two measured
-    ones, the move never fell below 20%."""
+    The first probe after the change used to meet TCP flows still growing their windows on the
+    new 20 ms round trip (a concave curve, up to 3x the settled cost, that pulled the pick down
+    52-57%); probes after drift now warm up every op first, and find the settled, latency-bound
+    curve (a flat line): with ``time_scale="step"``, the default, the pick moves up, 23-32% in
+    three runs at b210f85. The paper's normalisation is blind to a flat line (4%: the run that
+    failed this test in CI at 2b92fe5).
+    """
     missing = _missing()
     if missing:
         pytest.skip(missing)
