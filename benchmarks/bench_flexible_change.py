@@ -210,6 +210,8 @@ def analyse_cr(records: list[dict[str, Any]], changes: list[int],
             "solved_after": None if new is None else new["cr"],
             "other_ms_before": None if prev is None else prev.get("other_ms"),
             "other_ms_after": None if new is None else new.get("other_ms"),
+            "comm_ms_before": None if prev is None else prev["comm_ms"],
+            "comm_ms_after": None if new is None else new["comm_ms"],
         }
         if prev is not None and new is not None:
             old_curve = solve_cr(new["crs"], prev["comm_ms"], new["gains"], mode.c_low, mode.c_high,
