@@ -169,16 +169,20 @@ class FlexibleController:
 
     def probe_warm_up(self, kind: str) -> tuple[bool, Optional[set]]:
         """``(warm_up, warmed)`` for :func:`~hvd_flexcomm.probing.run_probes` of a ``kind`` probe
-        (see :meth:`probe_plan`). The start-up probe warms up each name on its first use only; a
-        refresh runs no untimed op. A probe that follows drift warms up **every** op of its plan
-        (in flight together), even names used before: the network just changed, and TCP flows
-        meeting a new round trip are still growing their congestion windows, so a size's first
-        transfers cost several times what it costs a few steps later (measured on the emulator:
-        312 / 233 / 207 / 126 / 76 ms at CR 0.1 ... 0.001 in the first probe after 0.1 ms/100 Mbit
-        -> 10 ms/unlimited, 154 / 86 / 64 / 57 / 54 ms eight steps later)."""
+        (see :meth:`probe_plan`). The start-up probe and drift probes warm up each name on its
+        first use only; a refresh runs no untimed op. A **full** probe that follows drift
+        (Adaptive's, over every candidate's size) warms up every op of its plan again, in flight
+        together: the network just changed, and TCP flows meeting a new round trip are still
+        growing their congestion windows, so a size's first transfers cost several times what it
+        costs a few steps later (measured on the emulator: 312 / 233 / 207 / 126 / 76 ms at CR
+        0.1 ... 0.001 in the first probe after 0.1 ms/100 Mbit -> 10 ms/unlimited, 154 / 86 / 64
+        / 57 / 54 ms eight steps later). Flexible's drift probe (one size, the path not in use)
+        does not: on a bandwidth-bound link the warm-up moves all its bytes once more (1.62 ->
+        2.48 s at 100 Mbit, 11.7M entries, CR 0.1), and its path decisions were 5-8 steps after
+        a change either way."""
         if kind == "refresh":
             return False, self.warmed_probes
-        after_drift = kind == "drift" or self.n_full_probes > 0
+        after_drift = kind == "full" and self.n_full_probes > 0
         return True, (None if after_drift else self.warmed_probes)
 
     def after_probe(self, step: int, results: list[tuple[str, int, float]], kind: str,

@@ -250,15 +250,15 @@ def test_warmup_goes_dense_when_the_dense_allreduce_is_cheaper():
     assert again.path == "dense" and again.router.current in ("allgather", "allreduce", None)
 
 
-def test_probes_after_drift_warm_up_every_op_again():
-    """The start-up probe warms up each op name on its first use, a refresh runs no untimed op,
-    and any probe that follows drift warms up every op of its plan again (the network changed;
-    TCP flows on the new round trip have not grown their windows yet)."""
+def test_full_probes_after_drift_warm_up_every_op_again():
+    """The start-up probe and drift probes warm up each op name on its first use, a refresh runs
+    no untimed op, and a full probe that follows drift (Adaptive's) warms up every op of its plan
+    again (the network changed; TCP flows on the new round trip have not grown their windows)."""
     flex = FlexibleController(Flexible(cr=0.01), world_size=2, numel=100_000)
-    warm_up, warmed = flex.probe_warm_up("full")
-    assert warm_up and warmed is flex.warmed_probes  # start-up: first use only
+    for kind in ("full", "drift"):  # start-up; Flexible's one-size drift probe
+        warm_up, warmed = flex.probe_warm_up(kind)
+        assert warm_up and warmed is flex.warmed_probes
     warm_up, warmed = flex.probe_warm_up("refresh")
     assert not warm_up and warmed is flex.warmed_probes
-    assert flex.probe_warm_up("drift") == (True, None)
     flex.n_full_probes = 1  # a full probe after that one follows drift (Adaptive)
     assert flex.probe_warm_up("full") == (True, None)
