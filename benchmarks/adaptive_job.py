@@ -210,7 +210,7 @@ class Job:
                 "solves": [{"step": s["step"], "reason": s["reason"],
                             "seconds": None if s["end"] is None else s["end"] - s["start"],
                             "comm_ms": s["comm_ms"], "gains": s["gains"],
-                            "other_ms": s.get("other_ms"), "cr": s["cr"]}
+                            "other_ms": s["other_ms"], "cr": s["cr"]}
                            for s in ada.solves],
                 "failed": ada.failed, "last_result": None if res is None else res.explain(),
                 "gains": ada.tracker.to_dict()}

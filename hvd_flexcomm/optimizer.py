@@ -250,9 +250,9 @@ class _FlexMethods(torch.optim.Optimizer):
         sync_start = time.perf_counter()
         self._flex_other_ms = (None if self._flex_sync_end is None
                                else 1e3 * (sync_start - self._flex_sync_end))
-        if self._flex_adaptive is not None and self._flex_other_ms is not None:
-            self._flex_adaptive.note_other_ms(self._flex_other_ms)
         if self._flex_adaptive is not None:
+            if self._flex_other_ms is not None:
+                self._flex_adaptive.note_other_ms(self._flex_other_ms)
             self._flex_check_consistency()
             self._flex_cr = self._flex_adaptive.cr_for_step(self._flex_step,
                                                             self._flex_announce_flag)
