@@ -280,19 +280,20 @@ def stall_s(step_ms: list[float]) -> float:
 
 
 def stall_ranks(rec: dict[str, Any], n_steps: int) -> dict[str, int]:
-    """At each stalled step before ``n_steps`` (rank 0's time beyond ``STALL_FACTOR`` x its
-    median, probing excluded): the rank whose own time (outside collectives) was beyond
-    ``STALL_FACTOR`` x its median and the largest, counted as ``"rank r"``, or ``"none"`` when no
-    rank's own time was (everyone waited in a collective: the network or Horovod). {} when the
-    record has no per-rank times."""
-    own = rec.get("own_ms_by_rank")
-    step_ms = probe_free_ms(rec["per_step"])
+    """At each stalled step of the first ``n_steps`` (rank 0's time beyond ``STALL_FACTOR`` x its
+    median over those steps, probing excluded: the steps and median of :func:`stall_s`): the rank
+    whose own time (outside collectives) was beyond ``STALL_FACTOR`` x its median over the same
+    steps and the largest, counted as ``"rank r"``, or ``"none"`` when no rank's own time was
+    (everyone waited in a collective: the network or Horovod). {} when the record has no per-rank
+    times."""
+    own = [r[:n_steps] for r in rec.get("own_ms_by_rank") or []]
+    step_ms = probe_free_ms(rec["per_step"])[:n_steps]
     if not own or not step_ms:
         return {}
     limit = STALL_FACTOR * statistics.median(step_ms)
     own_limits = [STALL_FACTOR * statistics.median(r) if r else math.inf for r in own]
     counts: Counter = Counter()
-    for i, ms in enumerate(step_ms[:n_steps]):
+    for i, ms in enumerate(step_ms):
         if ms <= limit:
             continue
         slow = [(r[i], k) for k, r in enumerate(own) if i < len(r) and r[i] > own_limits[k]]

@@ -182,11 +182,10 @@ def analyse_cr(records: list[dict[str, Any]], changes: list[int],
     outside communication, which the job's own barrier and timing collectives make network-bound
     too) with the **new** gains (the same solver and settings, deterministic), so that the part
     of the CR change due to the network is told apart from the part due to the gains."""
-    import hvd_flexcomm
+    from benchmarks.jobctl import flexible_mode
     from hvd_flexcomm.moo import solve_cr
 
-    mode = hvd_flexcomm.Adaptive(cr=meta["cr"], **meta.get("flex_options", {}),
-                                 **meta["adaptive_options"])
+    mode = flexible_mode(meta, meta["cr"])
     steps = {r["step"]: r for r in records if r.get("kind") == "step"}
     solves = [s for r in records if r.get("kind") == "solves" for s in r["solves"]]
     out = []

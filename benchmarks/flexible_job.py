@@ -54,7 +54,13 @@ import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
 import hvd_flexcomm  # noqa: E402
-from benchmarks.jobctl import append_record, end_job, job_plan, write_atomic  # noqa: E402
+from benchmarks.jobctl import (  # noqa: E402
+    append_record,
+    end_job,
+    flexible_mode,
+    job_plan,
+    write_atomic,
+)
 
 TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
@@ -140,10 +146,6 @@ class Job:
         return out
 
 
-def _flexible(plan: dict, cr: float) -> hvd_flexcomm.Flexible:
-    return hvd_flexcomm.Flexible(cr=cr, **plan.get("flex_options", {}))
-
-
 def run_grid(job: Job) -> None:
     plan = job.plan
     crs = [float(c) for c in plan["crs"]]
@@ -160,7 +162,7 @@ def run_grid(job: Job) -> None:
         for cr in crs:
             t_cell = time.perf_counter()
             setups = {"ag": fixed[("ag", cr)], "ar": fixed[("ar", cr)],
-                      "flex": job.make(_flexible(plan, cr))}
+                      "flex": job.make(flexible_mode(plan, cr))}
             warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in METHODS}
             timed: dict = {m: [] for m in METHODS}
             for r in range(steps):
@@ -189,15 +191,6 @@ def run_grid(job: Job) -> None:
                     f"AR {ar:.1f} ms, Flexible {fl:.1f} ms ({timed['flex'][-1]['collective']})")
 
 
-def _change_mode(plan: dict, cr: float) -> hvd_flexcomm.Flexible:
-    """The change run's optimizer mode: ``Flexible(cr)``, or with ``"adaptive_options"`` in the
-    plan ``Adaptive(cr=cr, **adaptive_options)`` (``cr``: its CR until the first solve)."""
-    if plan.get("adaptive_options") is not None:
-        return hvd_flexcomm.Adaptive(cr=cr, **plan.get("flex_options", {}),
-                                     **plan["adaptive_options"])
-    return _flexible(plan, cr)
-
-
 def _solves(opt) -> list[dict]:
     """Adaptive's finished solves on rank 0 (step, reason, inputs including the time outside
     communication the time objective was normalised by, solved CR); [] otherwise."""
@@ -213,7 +206,7 @@ def run_change(job: Job) -> None:
     cr = float(plan["cr"])
     steps = int(plan["steps"])
     changes = {int(s): int(i) for s, i in plan["changes"]}
-    param, opt = job.make(_change_mode(plan, cr))
+    param, opt = job.make(flexible_mode(plan, cr))
     net = None
     for s in range(steps):
         if s in changes:

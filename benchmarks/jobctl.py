@@ -25,6 +25,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS = "results.jsonl"
 
 
+def flexible_mode(settings: dict[str, Any], cr: float) -> Any:
+    """The optimizer mode a Flexible benchmark's plan describes: ``Flexible(cr=cr,
+    **flex_options)``, or, with ``adaptive_options`` in ``settings``, ``Adaptive(cr=cr,
+    **flex_options, **adaptive_options)`` (``cr``: its CR until the first solve). One place for
+    the job, which trains with it, and the driver, which re-solves with the same settings."""
+    import hvd_flexcomm
+
+    flex = settings.get("flex_options") or {}
+    if settings.get("adaptive_options") is not None:
+        return hvd_flexcomm.Adaptive(cr=cr, **flex, **settings["adaptive_options"])
+    return hvd_flexcomm.Flexible(cr=cr, **flex)
+
+
 def job_env(venv_bin: Optional[str] = None) -> dict[str, str]:
     """The environment of a launched job: this repository importable first, one compute thread
     per rank (ranks share 2 cores), Horovod's warnings only, and ``venv_bin`` first on PATH."""

@@ -80,6 +80,8 @@ class AdaptiveController:
         self.announced_cr: Optional[float] = None  # the last CR rank 0 announced (post warm-up)
         self.last_submit_step: Optional[int] = None
         self.last_model_version = -1
+        #: rank 0: the ``other_ms`` the last solve was normalised by (None: none yet, or "front")
+        self.last_other_ms: Optional[float] = None
         self.last_result: Optional[MooResult] = None
         self.changes: list[tuple[int, float]] = []  # (step, cr) of every change after warm-up
         #: rank 0, one per solve: step, reason, start/end (perf_counter s), its inputs (candidate
@@ -224,7 +226,10 @@ class AdaptiveController:
         """Why a solve should start now (None: it should not)."""
         if self.tracker.smoothed is None or self._future is not None:
             return None
+        step_scale = self.mode.time_scale == "step"
         if self.last_submit_step is None:
+            if step_scale and not self.other_samples_ms:
+                return None  # the step scale needs one measured step's time outside communication
             return "first optimisation after warm-up"
         if step - self.last_submit_step < self.mode.min_interval:
             return None
@@ -233,6 +238,12 @@ class AdaptiveController:
         change = self.tracker.relative_change()
         if change >= self.mode.gain_threshold:
             return f"smoothed gain moved {100 * change:.0f}%"
+        if step_scale and self.other_samples_ms and self.last_other_ms is not None:
+            now, then = self.other_ms(), self.last_other_ms
+            moved = abs(now - then) / max(then, 1.0)  # 1 ms floor: a start from ~0 is a change
+            if moved >= self.mode.other_ms_threshold:
+                return (f"time outside communication moved {100 * moved:.0f}% "
+                        f"({then:.1f} -> {now:.1f} ms per step)")
         return None
 
     def _fail_once(self, exc: BaseException) -> None:
@@ -254,6 +265,7 @@ class AdaptiveController:
             self._fail_once(exc)
             return
         other_ms = self.other_ms()
+        self.last_other_ms = other_ms
         self.tracker.mark_reference()
         self.last_model_version = self.model_version()
         if self._executor is None:
@@ -285,6 +297,7 @@ class AdaptiveController:
         r = self.last_result
         return {"cr": self.cr, "announced_cr": self.announced_cr, "gains": self.tracker.to_dict(),
                 "last_submit_step": self.last_submit_step, "changes": list(self.changes),
+                "last_other_ms": self.last_other_ms, "other_samples_ms": list(self.other_samples_ms),
                 "last_announce_step": self.last_announce_step,
                 "n_announcements": self.n_announcements, "n_kept": self.n_kept,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
@@ -296,6 +309,9 @@ class AdaptiveController:
         self.announced_cr = state.get("announced_cr")
         self.tracker.load_dict(state.get("gains", {}))
         self.last_submit_step = state.get("last_submit_step")
+        self.last_other_ms = state.get("last_other_ms")
+        self.other_samples_ms = deque((float(x) for x in state.get("other_samples_ms", [])),
+                                      maxlen=OTHER_MS_WINDOW)
         self.changes = [tuple(c) for c in state.get("changes", [])]
         self.last_announce_step = state.get("last_announce_step")
         self.n_announcements = int(state.get("n_announcements", 0))

@@ -234,8 +234,11 @@ class Adaptive(Flexible):
     - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.
     - Re-optimise when the smoothed gain moves by ``gain_threshold`` (fraction) since the last
-      optimisation, or when the network model was recalibrated (drift), at most every
-      ``min_interval`` steps.
+      optimisation, when the network model was recalibrated (drift), or (``time_scale="step"``)
+      when rank 0's median time outside communication per step moves by ``other_ms_threshold``
+      (fraction) from the value the last optimisation was normalised by; at most every
+      ``min_interval`` steps. With ``time_scale="step"`` the first optimisation waits for one
+      measured step (step 1 without a warm-up), so that no pick is made blind to computation.
     - ``min_cr_change`` (fraction of the current CR): a solved CR closer than this to the current
       one is kept on rank 0 and not announced. A change costs the broadcast plus Horovod's
       renegotiation of the new message sizes, 0.3–0.4 s at 5 ms one way and N=4
@@ -265,6 +268,7 @@ class Adaptive(Flexible):
     n_gen: int = 40
     min_cr_change: float = 0.1
     time_scale: str = "step"
+    other_ms_threshold: float = 0.25
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -284,6 +288,7 @@ class Adaptive(Flexible):
         _check_ints(self, ("warmup_steps", "min_interval"), minimum=0)
         _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
         _check_fraction("min_cr_change", self.min_cr_change, allow_zero=True)
+        _check_fraction("other_ms_threshold", self.other_ms_threshold, allow_zero=False)
         if not 0 < self.gain_smoothing <= 1:
             raise ValueError(f"gain_smoothing must be in (0, 1], got {self.gain_smoothing!r}")
         if self.time_scale not in TIME_SCALES:

@@ -172,13 +172,20 @@ def test_controller_state_round_trip_keeps_the_announcement_bookkeeping():
     ctrl.cr, ctrl.announced_cr, ctrl.changes = 0.02, 0.02, [(40, 0.02)]
     ctrl.last_submit_step, ctrl.last_announce_step = 35, 40
     ctrl.n_announcements, ctrl.n_kept = 3, 2
+    for ms in (30.0, 31.0, 29.0):
+        ctrl.note_other_ms(ms)
+    ctrl.last_other_ms = 30.0
     other, _ = _controller()
     other.load_dict(ctrl.to_dict())
     assert other.to_dict() == ctrl.to_dict()
+    # the step-time window resumes: no spurious "moved" trigger from an empty window
+    assert other.other_ms() == 30.0 and other.last_other_ms == 30.0
+    assert other.other_samples_ms.maxlen == OTHER_MS_WINDOW
     assert other.last_announce_step == 40 and other.n_announcements == 3 and other.n_kept == 2
     assert other.tracker.smoothed == ctrl.tracker.smoothed
     old = ctrl.to_dict()
-    for key in ("last_announce_step", "n_announcements", "n_kept"):  # a state saved before them
+    for key in ("last_announce_step", "n_announcements", "n_kept", "last_other_ms",
+                "other_samples_ms"):  # a state saved before them
         del old[key]
     fresh, _ = _controller()
     fresh.load_dict(old)
@@ -215,7 +222,12 @@ def test_triggers_first_gain_change_network_change_and_min_interval():
     g = torch.randn(50_000, generator=torch.Generator().manual_seed(0))
     assert ctrl._trigger(0) is None  # no gains yet
     ctrl.tracker.update(gains_at_crs(g, ctrl.mode.candidates))
-    assert ctrl._trigger(0) == "first optimisation after warm-up"
+    assert ctrl._trigger(0) is None  # the step scale waits for one measured step
+    ctrl.note_other_ms(30.0)
+    assert ctrl._trigger(1) == "first optimisation after warm-up"
+    paper, _ = _controller(time_scale="front")  # the paper's scale needs no step time
+    paper.tracker.update(ctrl.tracker.smoothed)
+    assert paper._trigger(0) == "first optimisation after warm-up"
     ctrl.last_submit_step, ctrl.last_model_version = 0, 0
     ctrl.tracker.mark_reference()
     assert ctrl._trigger(5) is None  # nothing changed
@@ -227,11 +239,50 @@ def test_triggers_first_gain_change_network_change_and_min_interval():
     assert ctrl._trigger(11).startswith("smoothed gain moved")
 
 
+def test_a_moved_step_time_triggers_a_solve_normalised_by_the_new_one():
+    """``time_scale="step"``: when rank 0's median time outside communication moves by
+    ``other_ms_threshold`` from the value the last solve used (e.g. the model's computation or the
+    input pipeline changed), the next solve is due (after ``min_interval``) and uses the new value;
+    a smaller move is not a trigger, and the paper's scale ignores the step time."""
+    ctrl, _ = _controller(n_gen=5, pop_size=8, other_ms_threshold=0.25)
+    ctrl.tracker.update([0.5, 0.3, 0.15, 0.07, 0.02])
+    for _ in range(OTHER_MS_WINDOW):
+        ctrl.note_other_ms(40.0)
+    ctrl._submit(1, ctrl._trigger(1))
+    ctrl._future.result(timeout=60)
+    ctrl._ready_result()
+    assert ctrl.last_other_ms == 40.0
+    for _ in range(OTHER_MS_WINDOW):
+        ctrl.note_other_ms(48.0)  # +20%: under the threshold
+    assert ctrl._trigger(20) is None
+    for _ in range(OTHER_MS_WINDOW):
+        ctrl.note_other_ms(60.0)  # +50%
+    assert ctrl._trigger(5) is None  # min_interval (10) not over
+    reason = ctrl._trigger(20)
+    assert reason == "time outside communication moved 50% (40.0 -> 60.0 ms per step)"
+    ctrl._submit(20, reason)
+    ctrl._future.result(timeout=60)
+    assert ctrl.solves[-1]["other_ms"] == 60.0 and ctrl.last_other_ms == 60.0
+    assert ctrl._trigger(40) is None  # nothing moved since
+    ctrl.close()
+    paper, _ = _controller(time_scale="front")
+    paper.tracker.update([0.5, 0.3, 0.15, 0.07, 0.02])
+    paper._submit(0, "first")
+    paper._future.result(timeout=60)
+    for _ in range(OTHER_MS_WINDOW):
+        paper.note_other_ms(500.0)
+    assert paper._trigger(20) is None and paper.last_other_ms is None
+    paper.close()
+
+
 def test_observe_runs_solver_in_background_and_failure_is_contained():
     ctrl, _ = _controller(n_gen=5, pop_size=8)
     g = torch.randn(20_000, generator=torch.Generator().manual_seed(1))
     ctrl.observe(0, g)
-    assert ctrl.solves and ctrl._future is not None
+    assert not ctrl.solves  # step 0: no step time measured yet
+    ctrl.note_other_ms(25.0)
+    ctrl.observe(1, g)
+    assert ctrl.solves and ctrl._future is not None and ctrl.solves[0]["other_ms"] == 25.0
     ctrl._future.result(timeout=60)
     cr = ctrl._ready_result()
     assert 0.001 <= cr <= 0.1 and ctrl.last_result is not None
@@ -265,6 +316,8 @@ def test_solver_failures_are_contained(caplog):
     ({"warmup_steps": -1}, "warmup_steps"), ({"gain_threshold": 0}, "gain_threshold"),
     ({"candidates": (0.1, 2.0)}, "cr must be in"), ({"min_cr_change": 1.0}, "min_cr_change"),
     ({"min_cr_change": -0.1}, "min_cr_change"), ({"time_scale": "wall"}, "time_scale.*'wall'"),
+    ({"other_ms_threshold": 0}, "other_ms_threshold.*0"),
+    ({"other_ms_threshold": 1.5}, "other_ms_threshold.*1.5"),
 ])
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -281,6 +334,7 @@ def test_announcements_run_only_when_rank0_flags_a_finished_solve():
     for step in range(12):
         assert ctrl.cr_for_step(step, announce_flag=False) == 0.1
     assert sent == [] and ctrl.n_announcements == 0
+    ctrl.note_other_ms(30.0)
     ctrl.observe(12, torch.randn(20_000, generator=torch.Generator().manual_seed(2)))
     ctrl._future.result(timeout=60)
     assert ctrl.announce_ready()
@@ -300,7 +354,8 @@ def test_flag_raised_before_an_announcement_does_not_announce_again():
     sent = []
     ctrl._broadcast = lambda obj: sent.append(obj) or obj
     g = torch.randn(20_000, generator=torch.Generator().manual_seed(2))
-    ctrl.observe(0, g)
+    ctrl.note_other_ms(30.0)
+    ctrl.observe(1, g)
     ctrl._future.result(timeout=60)
     ctrl.cr_for_step(3, announce_flag=True)  # the flag raised at the end of step 1
     ctrl.cr_for_step(4, announce_flag=True)  # raised at the end of step 2: stale
@@ -392,6 +447,8 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
         for step in steps:
             if flex.probe_due:
                 _timed_plan(flex, step, ada.cr, lines)
+            if step > 0:
+                ada.note_other_ms(0.0)  # nothing else in the step: communication is the step
             cr = ada.cr_for_step(step, ada.announce_ready())
             flex.decide(step, cr)
             flex.observe_step(_step_control(flex, cr, lines), cr)

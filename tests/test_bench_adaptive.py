@@ -141,6 +141,12 @@ def test_stall_ranks_names_the_rank_the_others_waited_for():
     assert stall_ranks(rec, 12) == {"rank 1": 1, "none": 1}
     assert stall_ranks(rec, 10) == {}  # no stall before step 10
     assert stall_ranks({"per_step": rec["per_step"]}, 12) == {}  # older records: no per-rank times
+    # the medians are over the counted steps, as stall_s's: slower steps after the target (400 ms)
+    # would lift the limit to 1200 ms and hide both stalls
+    later = {"per_step": {"ms": ms + [400.0] * 20, "probe_ms": [0.0] * 32},
+             "own_ms_by_rank": [r + [20.0] * 20 for r in rec["own_ms_by_rank"]]}
+    assert stall_ranks(later, 12) == {"rank 1": 1, "none": 1}
+    assert stall_ranks(later, 32) == {}
 
 
 def test_methods_parse_to_plan_entries_and_bad_ones_are_named():

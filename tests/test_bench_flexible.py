@@ -127,9 +127,9 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     # drift -> full probe -> a re-solve for the recalibrated model after the change
     assert row["resolve_step"] is not None and row["resolve_step"] >= 25, report
     assert set(row["paths_after"]) <= set(PATHS), report
-    # time_scale="step": the re-solve's time objective is scaled by the measured time outside
-    # communication (the first solve ran at step 0, before any step was timed)
-    assert row["other_ms_before"] == 0.0 and row["other_ms_after"] > 0, report
+    # time_scale="step": both solves' time objectives are scaled by the measured time outside
+    # communication (the first solve waits for one timed step)
+    assert row["other_ms_before"] > 0 and row["other_ms_after"] > 0, report
     # the new CR was announced and is in use (each step's payload carries an agreement hash of
     # the CR: a rank on another CR would fail the step)
     assert row["first_cr_change_step"] is not None and row["cr_end"] != row["cr_before"], report
