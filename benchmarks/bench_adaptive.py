@@ -504,11 +504,11 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             "Targets (reported, not asserted):",
-            f"- Adaptive faster to target than every fixed-CR run and Dense: "
-            f"**{'met' if a['target_faster_than_all'] else 'not met'}** "
+            "- Adaptive faster to target than every fixed-CR run and Dense: "
+            + _fmt_met(a["target_faster_than_all"]) + " "
             f"({faster})",
-            f"- Adaptive final accuracy >= Dense - 1 point: "
-            f"**{'met' if a['target_accuracy_within_1pt'] else 'not met'}** (last evaluation); "
+            "- Adaptive final accuracy >= Dense - 1 point: "
+            + _fmt_met(a["target_accuracy_within_1pt"]) + " (last evaluation); "
             + _fmt_met(a.get("target_accuracy_within_1pt_last_evals"))
             + f" (mean of the last {LAST_EVALS} evaluations, against Dense's)",
             "- Adaptive / best fixed-CR time to target: "
@@ -697,8 +697,7 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
                                            or math.isinf(t_ada) else t_ada / best["median_tta_s"]),
             "best_other": None if best is None else best["name"],
             "seeds_faster_than_all": sum(per_seed),
-            "within_1pt_every_seed": all(d is not None and d >= -1.0
-                                         for d in ada["delta_vs_dense_pts"]),
+            "within_1pt_every_seed": _within_1pt(ada["delta_vs_dense_pts"]),
             "within_1pt_every_seed_last_evals": _within_1pt(ada["delta_last_evals_vs_dense_pts"]),
         }
     return out
@@ -727,20 +726,20 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
                 for t, ran in zip(m["tta_s"], m["ran"]))
             + f" | {_fmt_s(m['median_tta_s']).replace('not reached', '-')} | "
             f"{m['reached']}/{sum(m['ran'])}"
-            + " | " + ", ".join("-" if d is None else f"{d:+.2f}" for d in m["delta_vs_dense_pts"])
+            + " | " + ", ".join(_fmt_pts(d) for d in m["delta_vs_dense_pts"])
             + " | " + ", ".join(_fmt_pts(d) for d in m.get("delta_last_evals_vs_dense_pts")
                                 or [None] * len(seeds))
             + " | " + ", ".join("-" if x is None else f"{x:.0f}" for x in m["mean_step_ms"]) + " |")
     for name, a in summary.get("adaptive", {}).items():
         ratio = a["median_ratio_vs_best_other"]
         lines += ["", f"{name} (reported, not asserted):",
-                  f"- median time to target below every other method's median: "
-                  f"**{'met' if a['median_faster_than_all'] else 'not met'}**"
+                  "- median time to target below every other method's median: "
+                  + _fmt_met(a["median_faster_than_all"])
                   + ("" if ratio is None else f" (ratio to the best other, {a['best_other']}: "
                                               f"{ratio:.2f})"),
                   f"- fastest of all methods in {a['seeds_faster_than_all']}/{len(seeds)} seeds",
-                  f"- final accuracy >= Dense - 1 point in every seed: "
-                  f"**{'met' if a['within_1pt_every_seed'] else 'not met'}** (last evaluation); "
+                  "- final accuracy >= Dense - 1 point in every seed: "
+                  + _fmt_met(a["within_1pt_every_seed"]) + " (last evaluation); "
                   + _fmt_met(a.get("within_1pt_every_seed_last_evals"))
                   + f" (mean of the last {LAST_EVALS} evaluations, against Dense's)"]
     return "\n".join(lines) + "\n"
