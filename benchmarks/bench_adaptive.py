@@ -8,14 +8,19 @@ an emulated constrained network (root only).
     python benchmarks/bench_adaptive.py --render results/adaptive/adaptive.json   # tables/plots only
     python benchmarks/bench_adaptive.py --seeds 42 43 44 --methods dense ag:0.01 adaptive:0
     python benchmarks/bench_adaptive.py --launcher mpirun ...   # Open MPI instead of Gloo
+    python benchmarks/bench_adaptive.py --delay-ms 0.1 --rate-mbit 1000 \
+        --change-at-s 15 --change-to 5 100     # 1 Gbit/s, 0.1 ms, then 100 Mbit/s, 5 ms
 
 Setting: N ranks (``--n``, default 4), one per network namespace of the emulator
 (``hvd_flexcomm.netem``), every link ``--delay-ms`` one way (default 5) and ``--rate-mbit``
 (default 100); each method trains in its own ``horovodrun --gloo`` job (``adaptive_job.py``) on a
 fresh emulator, so that no method inherits TCP state (a congestion window cut by losses) from the
-ones before it (``--no-job-per-method``: one job trains every method in turn). ``--launcher
-mpirun``: the jobs run under Open MPI's ``mpirun`` over TCP instead (Horovod's MPI controller, and
-Adaptive announces its CRs with mpi4py).
+ones before it (``--no-job-per-method``: one job trains every method in turn).
+``--change-at-s T --change-to DELAY_MS RATE_MBIT``: the network changes once in every method's job
+(Dense's too), at the first evaluation after ``T`` s of its training clock (so within
+``--eval-every`` steps of ``T``; the switch itself is outside the clock); the table says where each
+method met it and the plots mark it. ``--launcher mpirun``: the jobs run under Open MPI's
+``mpirun`` over TCP instead (Horovod's MPI controller, and Adaptive announces its CRs with mpi4py).
 Model: ``MLP(hidden=768, depth=2)`` = 784-768-768-10, **1,201,162 parameters** (4.8 MB of float32
 gradient per step: a dense ring allreduce moves ~7 MB per rank at N=4, ~0.6 s at 100 Mbit/s). SGD,
 momentum 0.9, lr 0.01 per rank (x N), batch 64 per rank, the 60 000 training images; accuracy on
@@ -91,7 +96,11 @@ from benchmarks.jobctl import (  # noqa: E402
     TaggedLines,
     control_dir,
     failure,
+    link_of,
+    network,
+    parse_rate,
     read_records,
+    serve_network_request,
     start_in_emulator,
     stop,
     timed_out,
@@ -153,14 +162,16 @@ def adaptive_defaults() -> dict[str, Any]:
 # -- running the job ------------------------------------------------------------------------------
 
 
-def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str, Any],
-            timeout_s: float, log_path: str, check_link: bool) -> tuple[list[dict], dict, Optional[str]]:
-    """Run ``adaptive_job.py`` on ``n`` emulated hosts; (records, link check, error or None)."""
-    from hvd_flexcomm.netem import Emulator, LinkSpec
+def run_job(n: int, networks: list[dict[str, Any]], plan: dict[str, Any], timeout_s: float,
+            log_path: str, check_link: bool) -> tuple[list[dict], dict, Optional[str]]:
+    """Run ``adaptive_job.py`` on ``n`` emulated hosts, starting on ``networks[0]`` (the job
+    asks for ``networks[1]`` when the plan's network change is due); (records, link check of the
+    first network, error or None)."""
+    from hvd_flexcomm.netem import Emulator
 
     link: dict[str, Any] = {}
     with control_dir("hfc-adaptive-", plan) as ctl:
-        with Emulator(n_hosts=n, link=LinkSpec(delay_ms=delay_ms, rate_mbit=rate_mbit)) as emu:
+        with Emulator(n_hosts=n, link=link_of(networks[0])) as emu:
             link["rtt_ms"] = emu.measure_rtt_ms(0, 1)
             if check_link:
                 link["throughput_mbit"] = emu.measure_throughput_mbit(0, 1, seconds=1.0)
@@ -170,7 +181,7 @@ def run_job(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str,
             proc = start_in_emulator(emu, n, JOB, ctl, log_path,
                                      launcher=plan.get("launcher", "horovodrun"))
             try:
-                error = _follow(proc, ctl, log_path, timeout_s)
+                error = _follow(proc, ctl, log_path, timeout_s, emu, networks)
             finally:
                 stop(proc)
             network = network_counters(emu)
@@ -212,7 +223,7 @@ def network_counters(emu: Any) -> dict[str, Any]:
     return out
 
 
-def run_methods(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[str, Any],
+def run_methods(n: int, networks: list[dict[str, Any]], plan: dict[str, Any],
                 timeout_s: float, out: str, check_link: bool,
                 job_per_method: bool) -> tuple[list[dict], dict, Optional[str]]:
     """Every method of ``plan`` (Dense first): in one job (``job.log``), or, with
@@ -222,17 +233,16 @@ def run_methods(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[
     inherited from the methods before it) and the same start-up for all. Records are in method
     order, ``index`` = the method's position; (records, link check of the first job, errors)."""
     if not job_per_method:
-        return run_job(n, rate_mbit, delay_ms, plan, timeout_s, os.path.join(out, "job.log"),
-                       check_link)
+        return run_job(n, networks, plan, timeout_s, os.path.join(out, "job.log"), check_link)
     methods = plan["methods"]
-    records, link, error = run_job(n, rate_mbit, delay_ms, {**plan, "methods": methods[:1]},
+    records, link, error = run_job(n, networks, {**plan, "methods": methods[:1]},
                                    timeout_s, os.path.join(out, "job-1.log"), check_link)
     errors = [error] if error else []
     tgt = next((r for r in records if r.get("kind") == "target"), None)
     for i, method in enumerate(methods[1:], start=1):
         if tgt is None:
             break  # no Dense result: nothing to aim at
-        more, _, error = run_job(n, rate_mbit, delay_ms,
+        more, _, error = run_job(n, networks,
                                  {**plan, "methods": [method], "target": tgt["target"],
                                   "time_budget_s": tgt["time_budget_s"]},
                                  timeout_s, os.path.join(out, f"job-{i + 1}.log"), False)
@@ -243,19 +253,23 @@ def run_methods(n: int, rate_mbit: Optional[float], delay_ms: float, plan: dict[
     return records, link, "; ".join(errors) or None
 
 
-def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float) -> Optional[str]:
-    """Echo rank 0's progress lines until the job ends; an error text if it failed."""
+def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float, emu: Any,
+            networks: list[dict[str, Any]]) -> Optional[str]:
+    """Echo rank 0's progress lines and serve its request for the next network until the job
+    ends; an error text if it failed."""
     deadline = time.monotonic() + timeout_s
     progress = TaggedLines(log_path, TAG)
+    nxt = 1  # networks[0] is the emulator's initial link
     while True:
         for line in progress.read():
             print(line, flush=True)
+        nxt = serve_network_request(emu, ctl, networks, nxt)
         rc = proc.poll()
         if rc is not None:
             return failure(rc, ctl, log_path)
         if time.monotonic() > deadline:
             return timed_out(timeout_s, log_path)
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 # -- summaries ------------------------------------------------------------------------------------
@@ -364,6 +378,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "stall_s": stall_s(probe_free_ms(ps)[:n_counted]),
         "network": rec.get("network", {}),
         "stall_ranks": stall_ranks(rec, n_counted),
+        "network_change": rec.get("network_change"),
     }
     if rec["method"]["kind"] == "adaptive":
         crs = [c for c in ps["cr"] if c is not None]
@@ -444,6 +459,34 @@ def _launcher(settings: dict[str, Any]) -> str:
     return "horovodrun --gloo"
 
 
+def _rate_text(rate_mbit: Optional[float]) -> str:
+    return "unlimited rate" if rate_mbit is None else f"{rate_mbit:g} Mbit/s"
+
+
+def network_text(settings: dict[str, Any]) -> str:
+    """The emulated network of a run, e.g. ``100 Mbit/s, 5 ms one way``, and its change, if any
+    (``settings["network_change"]``: ``at_train_s`` and the second ``network``)."""
+    text = f"{_rate_text(settings['rate_mbit'])}, {settings['delay_ms']:g} ms one way"
+    change = settings.get("network_change")
+    if change:
+        net = change["network"]
+        text += (f", then {_rate_text(net['rate_mbit'])}, {net['delay_ms']:g} ms one way from "
+                 f"{change['at_train_s']:g} s of training on")
+    return text
+
+
+def network_change_line(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
+    """Where each method's network changed (the first evaluation after the change's clock)."""
+    change = settings.get("network_change")
+    if not change:
+        return []
+    where = [f"{r['name']} " + ("never (it stopped first)" if not r.get("network_change") else
+                                f"after step {r['network_change']['step']} "
+                                f"({r['network_change']['train_s']:.1f} s)") for r in rows]
+    return ["", f"Network change to {change['network']['label']} at the first evaluation after "
+            f"{change['at_train_s']:g} s of training: " + "; ".join(where) + "."]
+
+
 def _adaptive_settings(records: list[dict[str, Any]]) -> str:
     warmups = sorted({f"{r['method']['options']['warmup_steps']} steps"
                       for r in records if r["method"]["kind"] == "adaptive"})
@@ -457,7 +500,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Adaptive CR: time to Dense accuracy - {100 * s['target_drop']:g} point",
         "",
-        f"N = {s['n']} ranks ({_launcher(s)}), {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way "
+        f"N = {s['n']} ranks ({_launcher(s)}), {network_text(s)} "
         f"(measured RTT {result['link'].get('rtt_ms', float('nan')):.2f} ms"
         + (f", TCP {result['link']['throughput_mbit']:.1f} Mbit/s" if "throughput_mbit" in result["link"]
            else "") + f"); model {s['model_name']} ({s['parameters']:,} parameters); batch "
@@ -489,6 +532,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_fmt_pts(r.get('delta_last_evals_vs_dense_pts'))} | {r['steps']} | "
             f"{r['train_s']:.1f} | {r['mean_step_ms']:.0f} | {r['median_step_ms']:.0f} | {comm} | "
             f"{_fmt_probes(r)} | {coll} |")
+    lines += network_change_line(rows, s)
     lines += stall_lines(rows)
     for ada in (r for r in rows if r["kind"] == "adaptive"):
         lines += ["", f"{ada['name']}'s CR: first {ada['cr_first']:g}, last {ada['cr_last']:g}, range "
@@ -573,8 +617,10 @@ def plots(result: dict[str, Any], out: str) -> list[str]:
     ax.set_xlabel("training time (s, rank 0, evaluation excluded)")
     ax.set_ylabel("test accuracy (%)")
     s = result["settings"]
-    ax.set_title(f"Fashion-MNIST, {s['model_name']}, N={s['n']}, {s['rate_mbit']:g} Mbit/s, "
-                 f"{s['delay_ms']:g} ms")
+    ax.set_title(f"Fashion-MNIST, {s['model_name']}, N={s['n']}, {network_text(s)}", fontsize=9)
+    if s.get("network_change"):
+        ax.axvline(s["network_change"]["at_train_s"], color="gray", ls=":", lw=1.2,
+                   label="network change (clock)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -598,11 +644,16 @@ def plots(result: dict[str, Any], out: str) -> list[str]:
                      label=rec["method"]["name"])
             ys = [levels.get(c, -1) + (0.0 if is_ada else 0.15) + 0.1 * i for c in ps["collective"]]
             ax2.scatter(steps, ys, s=4, color=color, label=rec["method"]["name"])
+            if rec.get("network_change"):
+                for ax in (ax1, ax2):
+                    ax.axvline(rec["network_change"]["step"], color=color, ls=":", lw=1)
         ax1.set_yscale("log")
         ax1.set_ylabel("compression ratio")
         ax1.grid(alpha=0.3, which="both")
         ax1.legend(fontsize=8)
-        ax1.set_title("Adaptive's CR and collective per step (Flexible for comparison)")
+        ax1.set_title("Adaptive's CR and collective per step (Flexible for comparison)"
+                      + ("; dotted: the network change" if any(r.get("network_change") for r in recs)
+                         else ""))
         ax2.set_yticks(list(levels.values()), list(levels.keys()))
         ax2.set_ylim(-0.5, 2.6)
         ax2.set_xlabel("step")
@@ -708,7 +759,7 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
     s = results[0]["settings"]
     lines = [f"# Adaptive CR over {len(seeds)} seeds: time to Dense accuracy - "
              f"{100 * s['target_drop']:g} point", "",
-             f"N = {s['n']} ({_launcher(s)}), {s['rate_mbit']:g} Mbit/s, {s['delay_ms']:g} ms one way; "
+             f"N = {s['n']} ({_launcher(s)}), {network_text(s)}; "
              f"{s['model_name']}; "
              f"seeds {', '.join(map(str, seeds))} (initial weights and data order; each seed has "
              "its own Dense run, target and time budget, see `seed<S>/adaptive.md`). Times in s of "
@@ -797,8 +848,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="< 3 min smoke run: N=2, MLP 784-256-256-10, "
                     "20 Dense steps, 40 for the others, 4 methods, warm-up 10 steps")
     ap.add_argument("--n", type=int, default=None, help="ranks (default 4; --quick: 2)")
-    ap.add_argument("--rate-mbit", type=float, default=100.0, help="link rate, Mbit/s (default 100)")
+    ap.add_argument("--rate-mbit", type=parse_rate, default=100.0,
+                    help="link rate, Mbit/s, or inf (default 100)")
     ap.add_argument("--delay-ms", type=float, default=5.0, help="one-way delay, ms (default 5)")
+    ap.add_argument("--change-at-s", type=float, default=None, metavar="T",
+                    help="change the network once per method, at the first evaluation after T s "
+                         "of training clock (needs --change-to)")
+    ap.add_argument("--change-to", nargs=2, metavar=("DELAY_MS", "RATE_MBIT"), default=None,
+                    help="the network from --change-at-s on: one-way delay (ms) and rate (Mbit/s "
+                         "or inf)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help=f"methods, Dense first (default {' '.join(DEFAULT_METHODS)})")
     ap.add_argument("--dense-steps", type=int, default=None,
@@ -858,6 +916,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("bench_adaptive needs root (network namespaces)", file=sys.stderr)
         return 2
 
+    if (args.change_at_s is None) != (args.change_to is None):
+        ap.error("--change-at-s and --change-to go together")
+    change = None
+    if args.change_to is not None:
+        if not args.change_at_s >= 0:
+            ap.error(f"--change-at-s must be >= 0 s, got {args.change_at_s:g}")
+        if not args.job_per_method:
+            ap.error("--change-at-s needs --job-per-method (each method's job starts on the first "
+                     "network)")
+        try:
+            change = {"at_train_s": args.change_at_s,
+                      "network": network(float(args.change_to[0]), parse_rate(args.change_to[1]))}
+        except ValueError as exc:
+            ap.error(f"--change-to {' '.join(args.change_to)}: {exc}")
+    networks = [network(args.delay_ms, args.rate_mbit)] + ([change["network"]] if change else [])
+
     quick = args.quick
     n = args.n or (2 if quick else 4)
     warmup = args.warmup_steps if args.warmup_steps is not None else (
@@ -884,6 +958,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     params = count_parameters(MLP(hidden=hidden, depth=args.depth))
     settings = {
         "quick": quick, "n": n, "rate_mbit": args.rate_mbit, "delay_ms": args.delay_ms,
+        "network_change": change,
         "model": model, "model_name": f"MLP(784-{'-'.join([str(hidden)] * args.depth)}-10)",
         "parameters": params, "batch_size": args.batch_size, "lr": args.lr,
         "momentum": args.momentum, "seed": args.seed, "dense_steps": dense_steps,
@@ -899,7 +974,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "momentum": args.momentum, "seed": args.seed, "methods": methods,
             "dense_steps": dense_steps, "time_factor": time_factor,
             "step_factor": step_factor, "target_drop": args.target_drop,
-            "eval_every": eval_every, "launcher": args.launcher}
+            "eval_every": eval_every, "launcher": args.launcher,
+            "change_at_train_s": None if change is None else change["at_train_s"]}
     seeds = args.seeds or [args.seed]
     results, failed = [], False
     for seed in seeds:
@@ -907,10 +983,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.makedirs(out, exist_ok=True)
         load0 = os.getloadavg()
         t0 = time.monotonic()
-        print(f"[bench_adaptive] seed {seed}: N={n}, {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms; "
+        print(f"[bench_adaptive] seed {seed}: N={n}, {network_text(settings)}; "
               f"{settings['model_name']} ({params:,} parameters); Dense {dense_steps} steps; methods "
               f"{', '.join(m['name'] for m in methods)}; load average {load0[0]:.2f}", flush=True)
-        records, link, error = run_methods(n, args.rate_mbit, args.delay_ms, {**plan, "seed": seed},
+        records, link, error = run_methods(n, networks, {**plan, "seed": seed},
                                            timeout_s, out, not quick, args.job_per_method)
         load1 = os.getloadavg()
         if error:

@@ -44,10 +44,6 @@ TARGET_STEPS = 20
 DEFAULT_PHASES = [(0, 10.0, None), (30, 0.1, 100.0), (70, 10.0, None)]
 
 
-def _rate(text: str) -> Optional[float]:
-    return None if text.lower() in ("inf", "unlimited", "none") else float(text)
-
-
 def _next_change(step: int, changes: list[int]) -> Optional[int]:
     """The first change step after ``step`` (None: it is the last change)."""
     return min((x for x in changes if x > step), default=None)
@@ -325,7 +321,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("\n".join(report_cr(cr_result)))
         return 0
 
-    phases = ([(int(s), float(d), _rate(b)) for s, d, b in args.phase] if args.phase
+    phases = ([(int(s), float(d), drv.parse_rate(b)) for s, d, b in args.phase] if args.phase
               else DEFAULT_PHASES)
     phases.sort()
     if phases[0][0] != 0:

@@ -65,12 +65,6 @@ QUICK = {"n": [2], "latency_ms": [0.1, 10.0], "bandwidth": [100.0, None], "cr": 
          "numel": 1_000_000, "warmup": 2, "steps": 4}
 
 
-def _rate(text: str) -> Optional[float]:
-    if text.lower() in ("inf", "unlimited", "none"):
-        return None
-    return float(text)
-
-
 def _median(xs: list[float]) -> float:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return statistics.median(xs) if xs else float("nan")
@@ -317,7 +311,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "flexible_grid"))
     ap.add_argument("--n", type=int, nargs="+", help="numbers of ranks (override)")
     ap.add_argument("--latency-ms", type=float, nargs="+", help="one-way delays (override)")
-    ap.add_argument("--bandwidth", type=_rate, nargs="+",
+    ap.add_argument("--bandwidth", type=drv.parse_rate, nargs="+",
                     help="link rates in Mbit/s, or inf (override)")
     ap.add_argument("--cr", type=float, nargs="+", help="compression ratios (override)")
     ap.add_argument("--numel", type=int, help="gradient entries (override)")

@@ -9,7 +9,6 @@ Needs root (network namespaces); the emulator is always cleaned up (context mana
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,34 +20,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.jobctl import (  # noqa: E402
+from benchmarks.jobctl import (  # noqa: E402, F401 - network, parse_rate: for the drivers
     TaggedLines,
     control_dir,
     failure,
+    link_of,
+    network,
+    parse_rate,
     read_records,
+    serve_network_request,
     start_in_emulator,
     stop,
     timed_out,
-    write_atomic,
 )
-from hvd_flexcomm.netem import Emulator, LinkSpec  # noqa: E402
+from hvd_flexcomm.netem import Emulator  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flexible_job.py")
 
 #: ResNet-18's parameter count (float32 gradient entries).
 RESNET18_NUMEL = 11_689_512
-
-
-def network(delay_ms: float, rate_mbit: Optional[float]) -> dict[str, Any]:
-    """A network as the plan and the records carry it (JSON): delay, rate (None = unlimited)."""
-    rate = "unlimited" if rate_mbit is None else (f"{rate_mbit / 1000:g} Gbit" if rate_mbit >= 1000
-                                                  else f"{rate_mbit:g} Mbit")
-    return {"delay_ms": float(delay_ms), "rate_mbit": None if rate_mbit is None else float(rate_mbit),
-            "label": f"{delay_ms:g} ms / {rate}"}
-
-
-def link_of(net: dict[str, Any]) -> LinkSpec:
-    return LinkSpec(delay_ms=net["delay_ms"], rate_mbit=net["rate_mbit"])
 
 
 class JobError(RuntimeError):
@@ -97,14 +87,11 @@ def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[di
             if error:
                 raise RuntimeError(error)
             break
-        if nxt < len(networks) and os.path.exists(os.path.join(ctl, f"ready.{nxt}")):
-            net = networks[nxt]
-            emu.set_link(link_of(net))
+        applied = serve_network_request(emu, ctl, networks, nxt)
+        if applied > nxt:
             if on_network is not None:
-                on_network(nxt, net)
-            write_atomic(os.path.join(ctl, f"go.{nxt}"),
-                         json.dumps({**net, "index": nxt, "applied_s": time.time()}))
-            nxt += 1
+                on_network(nxt, networks[nxt])
+            nxt = applied
             continue
         if time.monotonic() > deadline:
             raise RuntimeError(timed_out(timeout_s, log_file))

@@ -39,7 +39,6 @@ line) and writes ``DIR/done`` at the end; it prints progress lines starting with
 from __future__ import annotations
 
 import gc
-import json
 import os
 import statistics
 import sys
@@ -56,15 +55,14 @@ import torch  # noqa: E402
 import hvd_flexcomm  # noqa: E402
 from benchmarks.jobctl import (  # noqa: E402
     append_record,
+    await_network,
     end_job,
     flexible_mode,
     job_plan,
-    write_atomic,
 )
 
 TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
-POLL_S = 0.01
 
 
 class Job:
@@ -82,17 +80,7 @@ class Job:
     # -- hand-shake with the parent ------------------------------------------------------------
     def wait_for_network(self, i: int, timeout_s: float = 600.0) -> dict:
         """Every rank returns only after the parent has put network ``i`` in force."""
-        spec = None
-        if self.rank == 0:
-            go = os.path.join(self.ctl, f"go.{i}")
-            write_atomic(os.path.join(self.ctl, f"ready.{i}"), "{}")
-            deadline = time.monotonic() + timeout_s
-            while not os.path.exists(go):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"parent did not apply network {i} in {timeout_s} s")
-                time.sleep(POLL_S)
-            with open(go) as fh:
-                spec = json.load(fh)
+        spec = await_network(self.ctl, i, timeout_s) if self.rank == 0 else None
         return hvd.broadcast_object(spec, root_rank=0, name=f"flexible_job.go.{i}")
 
     def emit(self, record: dict) -> None:

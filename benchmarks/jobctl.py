@@ -16,7 +16,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Optional
 
@@ -91,6 +92,53 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+#: How often the two sides of the network hand-shake poll for each other's file (s).
+POLL_S = 0.01
+
+
+def parse_rate(text: str) -> Optional[float]:
+    """A link rate from the command line (Mbit/s): a number, or ``inf`` / ``unlimited`` /
+    ``none`` for no limit (None)."""
+    if text.lower() in ("inf", "unlimited", "none"):
+        return None
+    rate = float(text)
+    if not rate > 0:
+        raise ValueError(f"a link rate must be > 0 Mbit/s or 'inf', got {text!r}")
+    return rate
+
+
+def network(delay_ms: float, rate_mbit: Optional[float]) -> dict[str, Any]:
+    """A network as plans and records carry it (JSON): one-way delay (ms), rate (Mbit/s; None =
+    unlimited) and a label."""
+    rate = "unlimited" if rate_mbit is None else (f"{rate_mbit / 1000:g} Gbit" if rate_mbit >= 1000
+                                                  else f"{rate_mbit:g} Mbit")
+    return {"delay_ms": float(delay_ms), "rate_mbit": None if rate_mbit is None else float(rate_mbit),
+            "label": f"{delay_ms:g} ms / {rate}"}
+
+
+def link_of(net: dict[str, Any]) -> Any:
+    """The emulator's ``LinkSpec`` of a network made by :func:`network`."""
+    from hvd_flexcomm.netem import LinkSpec
+
+    return LinkSpec(delay_ms=net["delay_ms"], rate_mbit=net["rate_mbit"])
+
+
+def await_network(ctl: str, index: int, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Rank 0 of a job: ask the driver for network ``index`` of the plan (``ready.<index>``) and
+    return once it is in force (``go.<index>``, written by :func:`serve_network_request`), with
+    the network and ``applied_s`` (the driver's ``time.time()``). The other ranks must wait for
+    rank 0 (e.g. in a broadcast of the result)."""
+    go = os.path.join(ctl, f"go.{index}")
+    write_atomic(os.path.join(ctl, f"ready.{index}"), "{}")
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the driver did not apply network {index} within {timeout_s:g} s")
+        time.sleep(POLL_S)
+    with open(go) as fh:
+        return json.load(fh)
+
+
 def mark_done(ctl: str) -> None:
     """Rank 0, at the very end of a job: tell the driver that every record is written."""
     write_atomic(os.path.join(ctl, "done"), "{}")
@@ -137,6 +185,19 @@ def start_in_emulator(emu: Any, n: int, job_script: str, ctl: str,
         return subprocess.Popen(argv, env={**job_env(), **emu.env()}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=REPO)
+
+
+def serve_network_request(emu: Any, ctl: str, networks: Sequence[dict[str, Any]], nxt: int) -> int:
+    """The driver's side of :func:`await_network`: if the job asked for network ``nxt``, put
+    ``networks[nxt]`` in force on every link of ``emu`` and answer; returns the index of the next
+    network to wait for (``nxt`` again if no request was pending)."""
+    if nxt >= len(networks) or not os.path.exists(os.path.join(ctl, f"ready.{nxt}")):
+        return nxt
+    net = networks[nxt]
+    emu.set_link(link_of(net))
+    write_atomic(os.path.join(ctl, f"go.{nxt}"),
+                 json.dumps({**net, "index": nxt, "applied_s": time.time()}))
+    return nxt + 1
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -1,8 +1,9 @@
 """End-to-end smoke test of ``benchmarks/bench_adaptive.py --quick`` (root: network emulator).
 
-Runs the quick benchmark (N=2 on the emulator, Fashion-MNIST, 4 methods) and checks the shape of its
-JSON: every method trained for a positive time, and Adaptive's per-step CRs start at 1.0 (warm-up)
-and stay within ``[c_low, 1]``. No timing or accuracy assertions: the machine is shared.
+Runs the quick benchmark (N=2 on the emulator, Fashion-MNIST, 4 methods) with a network change
+after 1 s of training, and checks the shape of its JSON: every method trained for a positive time
+and met the change at an evaluation after that clock, and Adaptive's per-step CRs start at 1.0
+(warm-up) and stay within ``[c_low, 1]``. No timing or accuracy assertions: the machine is shared.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ _NO_NETNS = namespaces.require_root_and_iproute()
 @pytest.mark.timeout(300)
 def test_quick_benchmark_end_to_end(tmp_path):
     out = tmp_path / "adaptive"
-    proc = subprocess.run([sys.executable, BENCH, "--quick", "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, BENCH, "--quick", "--out", str(out), "--change-at-s", "1",
+                           "--change-to", "0.5", "inf"], cwd=REPO,
                           capture_output=True, text=True, timeout=290)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     with open(out / "adaptive.json") as fh:
@@ -54,6 +56,12 @@ def test_quick_benchmark_end_to_end(tmp_path):
         net = row["network"]  # the emulator's real counters, read after the method's job
         assert net["relay_forwarded_packets"] > 0, (name, net)
         assert all(net[k] >= 0 for k in ("tcp_timeouts", "retrans_segs", "tun_tx_dropped")), net
+        change = row["network_change"]  # what the driver applied, at an evaluation after 1 s
+        assert change is not None, name
+        assert change["network"]["delay_ms"] == 0.5 and change["network"]["rate_mbit"] is None
+        assert change["train_s"] >= 1.0 and change["step"] % result["settings"]["eval_every"] == 0
+        assert change["step"] < row["steps"], (name, change)
+    assert "Network change to 0.5 ms / unlimited" in (out / "adaptive.md").read_text()
     assert {r["kind"] for r in rows.values()} >= {"dense", "ar", "flexible", "adaptive"}
 
     c_low = result["settings"]["adaptive_defaults"]["c_low"]
@@ -195,6 +203,29 @@ def test_stall_ranks_names_the_rank_the_others_waited_for():
              "own_ms_by_rank": [r + [20.0] * 20 for r in rec["own_ms_by_rank"]]}
     assert stall_ranks(later, 12) == {"rank 1": 1, "none": 1}
     assert stall_ranks(later, 32) == {}
+
+
+def test_network_text_names_the_change_and_rates_parse_with_inf():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_adaptive import network_change_line, network_text
+    from jobctl import network, parse_rate
+
+    assert parse_rate("inf") is None and parse_rate("Unlimited") is None
+    assert parse_rate("100") == 100.0
+    for bad in ("0", "-5", "fast"):
+        with pytest.raises(ValueError, match="fast|must be > 0"):
+            parse_rate(bad)
+    settings = {"rate_mbit": 100.0, "delay_ms": 5.0}
+    assert network_text(settings) == "100 Mbit/s, 5 ms one way"
+    assert network_change_line([], settings) == []
+    settings["network_change"] = {"at_train_s": 20.0, "network": network(0.1, None)}
+    assert network_text(settings) == ("100 Mbit/s, 5 ms one way, then unlimited rate, 0.1 ms one "
+                                      "way from 20 s of training on")
+    rows = [{"name": "Dense", "network_change": {"step": 60, "train_s": 21.5}},
+            {"name": "AG-Topk 0.1", "network_change": None}]
+    line = network_change_line(rows, settings)[1]
+    assert "0.1 ms / unlimited" in line and "Dense after step 60 (21.5 s)" in line
+    assert "AG-Topk 0.1 never (it stopped first)" in line
 
 
 def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
