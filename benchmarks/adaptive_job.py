@@ -24,11 +24,12 @@ target ``A - target_drop`` and its training clock ``T_D`` the others' budget: ea
 first evaluation where its clock has reached ``time_factor * T_D`` or at ``step_factor *
 dense_steps`` steps, whichever comes first.
 
-Network change (``change_at_train_s`` in the plan): at the first evaluation where rank 0's
-training clock has reached it, the same allreduce carries rank 0's change flag; rank 0 then asks
-the driver for the plan's second network (``jobctl.await_network``) and every rank waits for it
-before the next step (outside the training clock). Once per method; the method's record says at
-which step and clock it happened.
+Network change (``change_at_train_s`` in the plan): after the first step at which rank 0's
+training clock has reached it, rank 0 asks the driver for the plan's second network
+(``jobctl.request_network``) and training goes on: the driver switches the links within its
+polling interval (50 ms), while the ranks train, as a real network would change under a job. Once
+per method; the method's record says at which step and clock it was asked for, and when the
+driver applied it.
 
 Rank 0 appends one JSON object per method to ``DIR/results.jsonl`` (evaluations, per-step CR,
 collective and timings, summaries), writes ``DIR/done`` at the end, and prints progress lines that
@@ -52,7 +53,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import hvd_flexcomm  # noqa: E402
-from benchmarks.jobctl import append_record, await_network, end_job, job_plan  # noqa: E402
+from benchmarks.jobctl import (  # noqa: E402
+    append_record,
+    applied_network,
+    end_job,
+    job_plan,
+    request_network,
+)
 from hvd_flexcomm.data import load_fashion_mnist, shard  # noqa: E402
 from hvd_flexcomm.models import MLP, LeNet5, count_parameters  # noqa: E402
 
@@ -106,10 +113,8 @@ class Job:
         if self.rank == 0:
             append_record(self.ctl, record)
 
-    def evaluate(self, model: torch.nn.Module, stop: bool, name: str,
-                 change: bool = False) -> tuple[float, bool, bool]:
-        """Test accuracy (fraction, all 10 000 images) and rank 0's stop and network-change
-        flags, on every rank."""
+    def evaluate(self, model: torch.nn.Module, stop: bool, name: str) -> tuple[float, bool]:
+        """Test accuracy (fraction, all 10 000 images) and rank 0's stop flag, on every rank."""
         model.eval()
         correct = 0
         x, y = self.data.test_x, self.data.test_y
@@ -117,16 +122,10 @@ class Job:
             for chunk in self.test_idx.split(2500):
                 correct += int((model(x[chunk]).argmax(1) == y[chunk]).sum())
         model.train()
-        flags = [float(self.rank == 0 and stop), float(self.rank == 0 and change)]
-        totals = hvd.allreduce(torch.tensor([float(correct), float(self.test_idx.numel()), *flags],
+        flag = 1.0 if (self.rank == 0 and stop) else 0.0
+        totals = hvd.allreduce(torch.tensor([float(correct), float(self.test_idx.numel()), flag],
                                             dtype=torch.float64), op=hvd.Sum, name=name)
-        return float(totals[0] / totals[1]), bool(totals[2] > 0), bool(totals[3] > 0)
-
-    def change_network(self, index: int) -> dict:
-        """Every rank returns once the driver has put the plan's second network in force (rank 0
-        asks for it; the others wait for rank 0 in the broadcast of what the driver applied)."""
-        spec = await_network(self.ctl, 1) if self.rank == 0 else None
-        return hvd.broadcast_object(spec, root_rank=0, name=f"network.{index}")
+        return float(totals[0] / totals[1]), bool(totals[2] > 0)
 
     def run_method(self, index: int, method: dict, max_steps: int,
                    time_budget_s: Optional[float], target: Optional[float]) -> dict:
@@ -147,9 +146,9 @@ class Job:
         per_step: dict[str, list] = {"ms": [], "cr": [], "collective": [], "comm_ms": [],
                                      "compress_ms": [], "probe_ms": []}
         own_ms: list[float] = []  # this rank's step time outside its collectives and probes
-        acc0, _, _ = self.evaluate(model, False, f"eval.{index}.0")
+        acc0, _ = self.evaluate(model, False, f"eval.{index}.0")
         change_at_s = plan.get("change_at_train_s")  # the network changes once, at this clock
-        network_change: Optional[dict] = None
+        network_change: Optional[dict] = None  # rank 0: the step at which it asked for it
         evals = [{"step": 0, "train_s": 0.0, "accuracy": acc0, "loss": None}]
         self.say(f"method {index + 1}/{len(plan['methods'])}: {name} ({mode.describe()}), "
                  f"up to {max_steps} steps"
@@ -185,22 +184,20 @@ class Job:
                 per_step["probe_ms"].append(_r(st.get("probe_ms", 0.0)))
                 own_ms.append(round(1e3 * dt - (st.get("comm_ms") or 0.0)
                                     - (st.get("probe_ms") or 0.0), 3))
+                if (self.rank == 0 and change_at_s is not None and network_change is None
+                        and train_s >= change_at_s):
+                    request_network(self.ctl, 1)  # the driver switches the links meanwhile
+                    network_change = {"step": step, "train_s": train_s}
+                    self.say(f"{name}: network change asked for after step {step} "
+                             f"({train_s:.1f} s of training)")
                 loss_sum += float(loss.detach())
                 loss_n += 1
                 if step % eval_every == 0 or step >= max_steps:
                     te = time.perf_counter()
                     want_stop = step >= max_steps or (time_budget_s is not None
                                                       and train_s >= time_budget_s)
-                    want_change = (change_at_s is not None and network_change is None
-                                   and train_s >= change_at_s)
-                    acc, stop, change = self.evaluate(model, want_stop, f"eval.{index}.{step}",
-                                                      want_change)
+                    acc, stop = self.evaluate(model, want_stop, f"eval.{index}.{step}")
                     stop = stop or step >= max_steps
-                    if change and not stop:
-                        net = self.change_network(index)
-                        network_change = {"step": step, "train_s": train_s, "network": net}
-                        self.say(f"{name}: network changed to {net['label']} after step {step} "
-                                 f"({train_s:.1f} s of training)")
                     evals.append({"step": step, "train_s": train_s, "accuracy": acc,
                                   "loss": loss_sum / max(loss_n, 1)})
                     loss_sum, loss_n = 0.0, 0
@@ -211,6 +208,8 @@ class Job:
                     if stop:
                         break
         wall_s = time.perf_counter() - wall0
+        if network_change is not None:  # None: not applied before the method ended
+            network_change["network"] = applied_network(self.ctl, 1)
         # every rank's own time per step (outside collectives): at a step where rank 0 waited long
         # in a collective, the rank with a long own time is the one it waited for
         own_by_rank = hvd.allgather_object(own_ms, name=f"own.{index}")

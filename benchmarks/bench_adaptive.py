@@ -17,9 +17,10 @@ Setting: N ranks (``--n``, default 4), one per network namespace of the emulator
 fresh emulator, so that no method inherits TCP state (a congestion window cut by losses) from the
 ones before it (``--no-job-per-method``: one job trains every method in turn).
 ``--change-at-s T --change-to DELAY_MS RATE_MBIT``: the network changes once in every method's job
-(Dense's too), at the first evaluation after ``T`` s of its training clock (so within
-``--eval-every`` steps of ``T``; the switch itself is outside the clock); the table says where each
-method met it and the plots mark it. ``--launcher mpirun``: the jobs run under Open MPI's
+(Dense's too), after the first step that ends at ``T`` s of its training clock or later: rank 0
+asks, the driver switches the links within 50 ms while training goes on (no pause, no
+synchronisation: as a real network changes under a job); the table says where each method met it
+and the plots mark it. ``--launcher mpirun``: the jobs run under Open MPI's
 ``mpirun`` over TCP instead (Horovod's MPI controller, and Adaptive announces its CRs with mpi4py).
 Model: ``MLP(hidden=768, depth=2)`` = 784-768-768-10, **1,201,162 parameters** (4.8 MB of float32
 gradient per step: a dense ring allreduce moves ~7 MB per rank at N=4, ~0.6 s at 100 Mbit/s). SGD,
@@ -475,16 +476,23 @@ def network_text(settings: dict[str, Any]) -> str:
     return text
 
 
+def _change_where(row: dict[str, Any]) -> str:
+    change = row.get("network_change")
+    if not change:
+        return "never (it stopped first)"
+    where = f"after step {change['step']} ({change['train_s']:.1f} s)"
+    return where if change.get("network") else where + ", asked for but not applied before the end"
+
+
 def network_change_line(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
-    """Where each method's network changed (the first evaluation after the change's clock)."""
+    """Where each method's network changed (after the first step that ended past the change's
+    clock)."""
     change = settings.get("network_change")
     if not change:
         return []
-    where = [f"{r['name']} " + ("never (it stopped first)" if not r.get("network_change") else
-                                f"after step {r['network_change']['step']} "
-                                f"({r['network_change']['train_s']:.1f} s)") for r in rows]
-    return ["", f"Network change to {change['network']['label']} at the first evaluation after "
-            f"{change['at_train_s']:g} s of training: " + "; ".join(where) + "."]
+    return ["", f"Network change to {change['network']['label']} after the first step ending at "
+            f"{change['at_train_s']:g} s of training or later: "
+            + "; ".join(f"{r['name']} {_change_where(r)}" for r in rows) + "."]
 
 
 def _adaptive_settings(records: list[dict[str, Any]]) -> str:

@@ -123,20 +123,34 @@ def link_of(net: dict[str, Any]) -> Any:
     return LinkSpec(delay_ms=net["delay_ms"], rate_mbit=net["rate_mbit"])
 
 
-def await_network(ctl: str, index: int, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Rank 0 of a job: ask the driver for network ``index`` of the plan (``ready.<index>``) and
-    return once it is in force (``go.<index>``, written by :func:`serve_network_request`), with
-    the network and ``applied_s`` (the driver's ``time.time()``). The other ranks must wait for
-    rank 0 (e.g. in a broadcast of the result)."""
-    go = os.path.join(ctl, f"go.{index}")
+def request_network(ctl: str, index: int) -> None:
+    """Rank 0 of a job: ask the driver to put network ``index`` of the plan in force
+    (``ready.<index>``); returns at once (see :func:`applied_network`, :func:`await_network`)."""
     write_atomic(os.path.join(ctl, f"ready.{index}"), "{}")
+
+
+def applied_network(ctl: str, index: int) -> Optional[dict[str, Any]]:
+    """Network ``index`` as the driver applied it (``go.<index>``, written by
+    :func:`serve_network_request`, with ``applied_s``, the driver's ``time.time()``), or None
+    while it has not."""
+    go = os.path.join(ctl, f"go.{index}")
+    if not os.path.exists(go):
+        return None
+    with open(go) as fh:
+        return json.load(fh)
+
+
+def await_network(ctl: str, index: int, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Rank 0 of a job: request network ``index`` and return once it is in force (the applied
+    network, see :func:`applied_network`). The other ranks must wait for rank 0 (e.g. in a
+    broadcast of the result)."""
+    request_network(ctl, index)
     deadline = time.monotonic() + timeout_s
-    while not os.path.exists(go):
+    while (net := applied_network(ctl, index)) is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the driver did not apply network {index} within {timeout_s:g} s")
         time.sleep(POLL_S)
-    with open(go) as fh:
-        return json.load(fh)
+    return net
 
 
 def mark_done(ctl: str) -> None:
