@@ -14,8 +14,10 @@ Who does what:
   the current one is not announced at all (rank 0 keeps it as ``last_result``);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
-  the calibrated cost model (the cheaper path at each CR), keeps the median of its recent steps'
-  time outside communication (``time_scale="step"`` normalises the time objective by it, see
+  the calibrated cost model (the cheaper path at each CR), adds its compression time (fitted
+  through the compression times its steps measured at the CRs they ran, see
+  :func:`compression_curve`; once two CRs a factor 2 apart were measured), keeps the median of
+  its recent steps' time outside communication (``time_scale="step"`` normalises the time objective by it, see
   :func:`~hvd_flexcomm.moo.normalise_front`), and, when a trigger fires, submits the
   NSGA-II solve (:func:`~hvd_flexcomm.moo.solve_cr`) to a background thread. Training never waits
   for it: the result is picked up at the first announcement after it is ready. If the solver
@@ -25,9 +27,11 @@ Who does what:
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
@@ -35,13 +39,19 @@ import torch
 
 from .compression import Adaptive
 from .gains import GainTracker, gains_at_crs
-from .moo import MooResult, preload, solve_cr
+from .moo import Curve, MooResult, fit_comm_curve, preload, solve_cr
 from .topk import TopkWorkspace
 
-__all__ = ["AdaptiveController", "warmup_cr"]
+__all__ = ["AdaptiveController", "compression_curve", "warmup_cr"]
 
 #: How many recent steps' time outside communication the median of ``other_ms`` is taken over.
 OTHER_MS_WINDOW = 32
+#: Rank 0 keeps the compression times of this many recent steps per CR, for this many CRs (the
+#: most recently used).
+COMPRESS_WINDOW = 16
+COMPRESS_CRS = 8
+#: A CR's compression times enter the fit once this many of its steps were measured.
+COMPRESS_MIN_SAMPLES = 3
 
 log = logging.getLogger("hvd_flexcomm.adaptive")
 
@@ -55,6 +65,21 @@ def warmup_cr(step: int, warmup_steps: int, target_cr: float, every: int = 1) ->
     block_start = (step // every) * every
     frac = block_start / warmup_steps
     return 1.0 + (target_cr - 1.0) * frac
+
+
+def compression_curve(samples: Mapping[float, Sequence[float]],
+                      min_samples: int = COMPRESS_MIN_SAMPLES) -> Optional[Curve]:
+    """Compression time per step (ms) as a function of the CR: the line ``a + b·c`` (``a, b >=
+    0``; interpolation in ``log c`` if a line fits badly, as :func:`~hvd_flexcomm.moo.
+    fit_comm_curve`) through the median of each CR's measured steps (``samples``: CR -> the
+    ``compress_ms`` of its steps: error feedback, selection, packing, unpacking and the residual
+    update). None until two CRs at least a factor 2 apart have ``min_samples`` steps each: one CR
+    says nothing about how the time grows with k."""
+    medians = {float(c): statistics.median(v) for c, v in samples.items() if len(v) >= min_samples}
+    if len(medians) < 2 or max(medians) < 2 * min(medians):
+        return None
+    crs = sorted(medians)
+    return fit_comm_curve(crs, [medians[c] for c in crs])
 
 
 def _round_cr(cr: float) -> float:
@@ -92,6 +117,8 @@ class AdaptiveController:
         self.solves: list[dict] = []
         #: rank 0: recent steps' time outside communication (ms), see :meth:`note_other_ms`
         self.other_samples_ms: deque = deque(maxlen=OTHER_MS_WINDOW)
+        #: rank 0: recent steps' compression time (ms) per CR, see :meth:`note_compress_ms`
+        self.compress_samples_ms: dict[float, deque] = {}
         self.failed = False
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self.last_announce_step: Optional[int] = None
@@ -203,6 +230,27 @@ class AdaptiveController:
         if self.rank == 0 and ms >= 0:
             self.other_samples_ms.append(float(ms))
 
+    def note_compress_ms(self, cr: float, ms: float) -> None:
+        """Rank 0: one sparse step's compression time (ms, ``last_stats["compress_ms"]``) at its
+        CR. CRs above ``c_high`` (the warm-up ramp: other selection code) are not kept."""
+        if self.rank != 0 or not self.mode.count_compression or cr > self.mode.c_high:
+            return
+        if not (math.isfinite(ms) and ms >= 0):
+            return
+        window = self.compress_samples_ms.pop(cr, None) or deque(maxlen=COMPRESS_WINDOW)
+        window.append(float(ms))
+        self.compress_samples_ms[cr] = window  # most recently used last
+        while len(self.compress_samples_ms) > COMPRESS_CRS:
+            del self.compress_samples_ms[next(iter(self.compress_samples_ms))]
+
+    def compress_ms_at(self, crs: Sequence[float]) -> Optional[list[float]]:
+        """Predicted compression time (ms) at each of ``crs`` (:func:`compression_curve`), or
+        None while it cannot be fitted or ``count_compression`` is off."""
+        curve = compression_curve(self.compress_samples_ms) if self.mode.count_compression else None
+        if curve is None:
+            return None
+        return [max(0.0, float(curve(c))) for c in crs]
+
     def other_ms(self) -> Optional[float]:
         """The time-objective offset of the next solve: the median of the recent steps' time
         outside communication (ms); 0 before any was measured; None with ``time_scale="front"``."""
@@ -261,9 +309,11 @@ class AdaptiveController:
             predicted = [self.predict_ms(c) for c in crs]
             comm_ms = [min(p.values()) for p in predicted]
             paths = [min(p, key=p.get) for p in predicted]
+            compress_ms = self.compress_ms_at(crs)
         except Exception as exc:  # noqa: BLE001 - the service must never stop training
             self._fail_once(exc)
             return
+        time_ms = comm_ms if compress_ms is None else [a + b for a, b in zip(comm_ms, compress_ms)]
         other_ms = self.other_ms()
         self.last_other_ms = other_ms
         self.tracker.mark_reference()
@@ -271,15 +321,19 @@ class AdaptiveController:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="hvd_flexcomm-moo")
-        log.info("hvd_flexcomm: step %d: re-optimising the CR (%s)", step, reason)
+        log.info("hvd_flexcomm: step %d: re-optimising the CR (%s); time objective: predicted "
+                 "communication%s", step, reason,
+                 " + compression" if compress_ms is not None else
+                 (" (compression not counted)" if not mode.count_compression else
+                  " (compression not measured at two CRs yet)"))
         record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None,
-                  "crs": crs, "comm_ms": comm_ms, "paths": paths, "gains": gains,
-                  "other_ms": other_ms, "cr": None}
+                  "crs": crs, "comm_ms": comm_ms, "compress_ms": compress_ms, "paths": paths,
+                  "gains": gains, "other_ms": other_ms, "cr": None}
         self.solves.append(record)
 
         def job() -> MooResult:
             try:
-                result = solve_cr(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
+                result = solve_cr(crs, time_ms, gains, mode.c_low, mode.c_high, mode.weights,
                                   mode.pop_size, mode.n_gen, other_ms=other_ms)
                 record["cr"] = result.cr
                 return result
@@ -298,6 +352,7 @@ class AdaptiveController:
         return {"cr": self.cr, "announced_cr": self.announced_cr, "gains": self.tracker.to_dict(),
                 "last_submit_step": self.last_submit_step, "changes": list(self.changes),
                 "last_other_ms": self.last_other_ms, "other_samples_ms": list(self.other_samples_ms),
+                "compress_samples_ms": [[c, list(v)] for c, v in self.compress_samples_ms.items()],
                 "last_announce_step": self.last_announce_step,
                 "n_announcements": self.n_announcements, "n_kept": self.n_kept,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
@@ -312,6 +367,8 @@ class AdaptiveController:
         self.last_other_ms = state.get("last_other_ms")
         self.other_samples_ms = deque((float(x) for x in state.get("other_samples_ms", [])),
                                       maxlen=OTHER_MS_WINDOW)
+        self.compress_samples_ms = {float(c): deque((float(x) for x in v), maxlen=COMPRESS_WINDOW)
+                                    for c, v in state.get("compress_samples_ms", [])}
         self.changes = [tuple(c) for c in state.get("changes", [])]
         self.last_announce_step = state.get("last_announce_step")
         self.n_announcements = int(state.get("n_announcements", 0))

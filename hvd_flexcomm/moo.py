@@ -122,7 +122,7 @@ class MooResult:
 
     def explain(self) -> str:
         lo, hi = self.front[0], self.front[-1]
-        return (f"picked cr={self.cr:.4g}: predicted comm {self.time_ms:.2f} ms, gain {self.gain:.3f}"
+        return (f"picked cr={self.cr:.4g}: predicted time {self.time_ms:.2f} ms, gain {self.gain:.3f}"
                 f" (front from cr={lo[0]:.4g}: {lo[1]:.2f} ms / gain {lo[2]:.3f} to cr={hi[0]:.4g}: "
                 f"{hi[1]:.2f} ms / gain {hi[2]:.3f}; weights time {self.weights[0]:g} / gain "
                 f"{self.weights[1]:g}; {self.time_scale()}; curves: time "

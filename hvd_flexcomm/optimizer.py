@@ -277,6 +277,8 @@ class _FlexMethods(torch.optim.Optimizer):
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._flex_record(outcomes, skipped)
+        if self._flex_adaptive is not None and not skipped and self._flex_path() != "dense":
+            self._flex_adaptive.note_compress_ms(self._flex_cr, self.last_stats["compress_ms"])
         if self._flex_controller is not None and self._flex_cr < 1.0:
             self._flex_after_step(outcomes)
         self._flex_step += 1

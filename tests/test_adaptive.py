@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from hvd_flexcomm import Adaptive
-from hvd_flexcomm.adaptive import OTHER_MS_WINDOW, AdaptiveController, warmup_cr
+from hvd_flexcomm.adaptive import (
+    COMPRESS_CRS,
+    COMPRESS_WINDOW,
+    OTHER_MS_WINDOW,
+    AdaptiveController,
+    compression_curve,
+    warmup_cr,
+)
 from hvd_flexcomm.gains import GainTracker, gains_at_crs
 from hvd_flexcomm.moo import MooResult, fit_comm_curve, fit_gain_curve, normalise_front, solve_cr
 from hvd_flexcomm.topk import k_for
@@ -174,6 +181,7 @@ def test_controller_state_round_trip_keeps_the_announcement_bookkeeping():
     ctrl.n_announcements, ctrl.n_kept = 3, 2
     for ms in (30.0, 31.0, 29.0):
         ctrl.note_other_ms(ms)
+        ctrl.note_compress_ms(0.02, ms / 2)
     ctrl.last_other_ms = 30.0
     other, _ = _controller()
     other.load_dict(ctrl.to_dict())
@@ -183,9 +191,11 @@ def test_controller_state_round_trip_keeps_the_announcement_bookkeeping():
     assert other.other_samples_ms.maxlen == OTHER_MS_WINDOW
     assert other.last_announce_step == 40 and other.n_announcements == 3 and other.n_kept == 2
     assert other.tracker.smoothed == ctrl.tracker.smoothed
+    assert list(other.compress_samples_ms[0.02]) == [15.0, 15.5, 14.5]
+    assert other.compress_samples_ms[0.02].maxlen == COMPRESS_WINDOW
     old = ctrl.to_dict()
     for key in ("last_announce_step", "n_announcements", "n_kept", "last_other_ms",
-                "other_samples_ms"):  # a state saved before them
+                "other_samples_ms", "compress_samples_ms"):  # a state saved before them
         del old[key]
     fresh, _ = _controller()
     fresh.load_dict(old)
@@ -275,6 +285,56 @@ def test_a_moved_step_time_triggers_a_solve_normalised_by_the_new_one():
     paper.close()
 
 
+def test_compression_curve_needs_two_crs_a_factor_two_apart_and_fits_their_medians():
+    assert compression_curve({}) is None
+    assert compression_curve({0.1: [30.0] * 5}) is None  # one CR: no slope
+    assert compression_curve({0.1: [30.0] * 5, 0.06: [22.0] * 5}) is None  # under a factor 2
+    assert compression_curve({0.1: [30.0] * 5, 0.02: [14.0, 14.0]}) is None  # too few steps
+    # a slow step (a stall) does not move a median; the line 10 + 200 c through the medians
+    curve = compression_curve({0.1: [30.0, 29.0, 31.0, 900.0, 30.0], 0.02: [14.0, 14.5, 13.5]})
+    assert curve.kind == "fit"
+    assert curve(np.array([0.1, 0.02, 0.001])) == pytest.approx([30.0, 14.0, 10.2])
+
+
+def test_compression_times_are_kept_per_cr_on_rank0_and_join_the_time_objective():
+    """Rank 0 keeps each sparse step's compression time under its CR (not the warm-up's CRs above
+    ``c_high``, not on other ranks, not with ``count_compression=False``), the most recent
+    ``COMPRESS_CRS`` CRs; a solve adds the fitted compression time to each candidate's predicted
+    communication. On a latency-bound network (the same communication time at every CR) the
+    compression time is all that a lower CR saves, and the pick moves down from ``c_high``."""
+    flat, _ = _controller(n_gen=20, pop_size=20)
+    flat.predict_ms = lambda c: {"allgather": 500.0, "allreduce": 600.0}
+    flat.tracker.update([0.9, 0.6, 0.4, 0.25, 0.1])
+    flat.note_other_ms(50.0)
+    flat.note_compress_ms(0.5, 80.0)  # warm-up CR above c_high: not kept
+    for _ in range(3):
+        flat.note_compress_ms(0.1, 35.0)
+    flat._submit(1, "test")
+    assert flat.solves[-1]["compress_ms"] is None  # one CR measured: communication alone
+    blind = flat._future.result(timeout=60).cr
+    for ms in (12.0, 13.0, 12.5):
+        flat.note_compress_ms(0.01, ms)
+    assert list(flat.compress_samples_ms) == [0.1, 0.01]
+    flat._submit(60, "test")
+    record = flat.solves[-1]
+    assert record["compress_ms"] == pytest.approx([35.0, 18.25, 12.75, 11.0, 10.25])  # 10 + 250 c
+    aware = flat._future.result(timeout=60).cr
+    assert blind == pytest.approx(0.1, rel=0.05) and aware < 0.07, (blind, aware)
+    flat.close()
+    for i in range(COMPRESS_CRS + 2):  # the oldest CRs give way; each keeps a bounded window
+        for _ in range(COMPRESS_WINDOW + 1):
+            flat.note_compress_ms(0.05 - 0.001 * i, 20.0)
+    assert len(flat.compress_samples_ms) == COMPRESS_CRS and 0.1 not in flat.compress_samples_ms
+    assert all(len(v) == COMPRESS_WINDOW for v in flat.compress_samples_ms.values())
+    off, _ = _controller(count_compression=False)
+    off.note_compress_ms(0.1, 30.0)
+    assert not off.compress_samples_ms and off.compress_ms_at([0.1]) is None
+    other_rank = AdaptiveController(flat.mode, rank=1, hvd=None, process_set=None,
+                                    predict_ms=flat.predict_ms, model_version=lambda: 0)
+    other_rank.note_compress_ms(0.1, 30.0)
+    assert not other_rank.compress_samples_ms
+
+
 def test_observe_runs_solver_in_background_and_failure_is_contained():
     ctrl, _ = _controller(n_gen=5, pop_size=8)
     g = torch.randn(20_000, generator=torch.Generator().manual_seed(1))
@@ -318,6 +378,7 @@ def test_solver_failures_are_contained(caplog):
     ({"min_cr_change": -0.1}, "min_cr_change"), ({"time_scale": "wall"}, "time_scale.*'wall'"),
     ({"other_ms_threshold": 0}, "other_ms_threshold.*0"),
     ({"other_ms_threshold": 1.5}, "other_ms_threshold.*1.5"),
+    ({"count_compression": "yes"}, "count_compression.*'yes'"),
 ])
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):

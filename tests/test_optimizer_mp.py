@@ -147,6 +147,12 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     # training went on while rank 0 solved: steps completed inside every solve window
     assert all(n > 0 for n in r0["steps_during_solves"]), r0
     assert r0["state_has_gains"] and r0["last_result"]["front"]
+    # rank 0 kept its steps' compression times at the sparse CRs it ran (not the warm-up's above
+    # c_high); a solve counts them once two CRs a factor 2 apart have 3 steps each
+    kept = r0["compress_steps"]
+    assert kept.get(0.1, 0) >= 3 and set(kept) <= set(crs[30:]), kept
+    assert results[1]["compress_steps"] == {}
+    assert r0["solves_compress_ms"][0] is None  # the first solve ran on CR 0.1 alone
 
 
 @pytest.mark.parametrize("kind", ["ag", "var"])
