@@ -233,6 +233,29 @@ def test_network_text_names_the_change_and_rates_parse_with_inf():
     assert "AG-Topk 0.01 after step 9 (20.1 s), asked for but not applied before the end" in line
 
 
+def test_network_hand_shake_files_request_answer_and_time_out(tmp_path):
+    """The job's side of the hand-shake on real files: a request returns at once, the answer is
+    what the driver wrote, and a driver that never answers is named in the error."""
+    import threading
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from jobctl import applied_network, await_network, network, request_network, write_atomic
+
+    ctl = str(tmp_path)
+    request_network(ctl, 1)
+    assert (tmp_path / "ready.1").exists() and applied_network(ctl, 1) is None
+    net = {**network(25.0, None), "index": 2, "applied_s": 1.5}
+    answer = threading.Timer(0.2, write_atomic, (os.path.join(ctl, "go.2"), json.dumps(net)))
+    answer.start()
+    try:
+        assert await_network(ctl, 2, timeout_s=30) == net
+    finally:
+        answer.cancel()
+    assert (tmp_path / "ready.2").exists() and applied_network(ctl, 2) == net
+    with pytest.raises(TimeoutError, match="network 3 within 0.1 s"):
+        await_network(ctl, 3, timeout_s=0.1)
+
+
 def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from bench_adaptive import parse_method
