@@ -17,11 +17,11 @@ Who does what:
   the calibrated cost model (the cheaper path at each CR), adds its compression time (fitted
   through the compression times its steps measured at the CRs they ran, see
   :func:`compression_curve`; once two CRs a factor 2 apart were measured), keeps the median of
-  its recent steps' time outside communication (``time_scale="step"`` normalises the time objective by it, see
-  :func:`~hvd_flexcomm.moo.normalise_front`), and, when a trigger fires, submits the
-  NSGA-II solve (:func:`~hvd_flexcomm.moo.solve_cr`) to a background thread. Training never waits
-  for it: the result is picked up at the first announcement after it is ready. If the solver
-  fails, training continues on the last CR and the error is logged once.
+  its recent steps' time outside communication (``time_scale="step"`` normalises the time
+  objective by it, see :func:`~hvd_flexcomm.moo.normalise_front`), and, when a trigger fires,
+  submits the NSGA-II solve (:func:`~hvd_flexcomm.moo.solve_cr`) to a background thread.
+  Training never waits for it: the result is picked up at the first announcement after it is
+  ready. If the solver fails, training continues on the last CR and the error is logged once.
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ def warmup_cr(step: int, warmup_steps: int, target_cr: float, every: int = 1) ->
 
 def compression_curve(samples: Mapping[float, Sequence[float]],
                       min_samples: int = COMPRESS_MIN_SAMPLES) -> Optional[Curve]:
-    """Compression time per step (ms) as a function of the CR: the line ``a + b·c`` (``a, b >=
-    0``; interpolation in ``log c`` if a line fits badly, as :func:`~hvd_flexcomm.moo.
-    fit_comm_curve`) through the median of each CR's measured steps (``samples``: CR -> the
-    ``compress_ms`` of its steps: error feedback, selection, packing, unpacking and the residual
-    update). None until two CRs at least a factor 2 apart have ``min_samples`` steps each: one CR
-    says nothing about how the time grows with k."""
+    """Compression time per step (ms) as a function of the CR: the line ``a + b·c`` with
+    ``a, b >= 0`` (interpolation in ``log c`` if a line fits badly, as
+    :func:`~hvd_flexcomm.moo.fit_comm_curve`) through the median of each CR's measured steps
+    (``samples``: CR -> the ``compress_ms`` of its steps: error feedback, selection, packing,
+    unpacking and the residual update). None until two CRs at least a factor 2 apart have
+    ``min_samples`` steps each: one CR says nothing about how the time grows with k."""
     medians = {float(c): statistics.median(v) for c, v in samples.items() if len(v) >= min_samples}
     if len(medians) < 2 or max(medians) < 2 * min(medians):
         return None
