@@ -94,17 +94,14 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.jobctl import (  # noqa: E402
-    TaggedLines,
     control_dir,
-    failure,
+    follow_job,
     link_of,
     network,
     parse_rate,
     read_records,
-    serve_network_request,
     start_in_emulator,
     stop,
-    timed_out,
 )
 from hvd_flexcomm.netem.emulator import LAUNCHERS  # noqa: E402
 
@@ -182,7 +179,8 @@ def run_job(n: int, networks: list[dict[str, Any]], plan: dict[str, Any], timeou
             proc = start_in_emulator(emu, n, JOB, ctl, log_path,
                                      launcher=plan.get("launcher", "horovodrun"))
             try:
-                error = _follow(proc, ctl, log_path, timeout_s, emu, networks)
+                error = follow_job(proc, ctl, log_path, timeout_s, TAG, emu, networks, first=1,
+                                   on_line=lambda line: print(line, flush=True), poll_s=0.05)
             finally:
                 stop(proc)
             network = network_counters(emu)
@@ -252,25 +250,6 @@ def run_methods(n: int, networks: list[dict[str, Any]], plan: dict[str, Any],
         records += more
         errors += [f"{method['name']}: {error}"] if error else []
     return records, link, "; ".join(errors) or None
-
-
-def _follow(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float, emu: Any,
-            networks: list[dict[str, Any]]) -> Optional[str]:
-    """Echo rank 0's progress lines and serve its request for the next network until the job
-    ends; an error text if it failed."""
-    deadline = time.monotonic() + timeout_s
-    progress = TaggedLines(log_path, TAG)
-    nxt = 1  # networks[0] is the emulator's initial link
-    while True:
-        for line in progress.read():
-            print(line, flush=True)
-        nxt = serve_network_request(emu, ctl, networks, nxt)
-        rc = proc.poll()
-        if rc is not None:
-            return failure(rc, ctl, log_path)
-        if time.monotonic() > deadline:
-            return timed_out(timeout_s, log_path)
-        time.sleep(0.05)
 
 
 # -- summaries ------------------------------------------------------------------------------------
@@ -860,8 +839,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="link rate, Mbit/s, or inf (default 100)")
     ap.add_argument("--delay-ms", type=float, default=5.0, help="one-way delay, ms (default 5)")
     ap.add_argument("--change-at-s", type=float, default=None, metavar="T",
-                    help="change the network once per method, at the first evaluation after T s "
-                         "of training clock (needs --change-to)")
+                    help="change the network once per method, after the first step that ends at "
+                         "T s of training clock or later (needs --change-to)")
     ap.add_argument("--change-to", nargs=2, metavar=("DELAY_MS", "RATE_MBIT"), default=None,
                     help="the network from --change-at-s on: one-way delay (ms) and rate (Mbit/s "
                          "or inf)")

@@ -10,9 +10,7 @@ Needs root (network namespaces); the emulator is always cleaned up (context mana
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -21,17 +19,14 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.jobctl import (  # noqa: E402, F401 - network, parse_rate: for the drivers
-    TaggedLines,
     control_dir,
-    failure,
+    follow_job,
     link_of,
     network,
     parse_rate,
     read_records,
-    serve_network_request,
     start_in_emulator,
     stop,
-    timed_out,
 )
 from hvd_flexcomm.netem import Emulator  # noqa: E402
 
@@ -63,36 +58,10 @@ def run_job(n: int, plan: dict[str, Any], networks: Sequence[dict[str, Any]], ti
         with Emulator(n_hosts=n, link=link_of(networks[0])) as emu:
             proc = start_in_emulator(emu, n, JOB, ctl, log_file)
             try:
-                _play(emu, proc, ctl, networks, timeout_s, log_file, on_line, on_network)
-            except RuntimeError as exc:
-                raise JobError(str(exc), read_records(ctl)) from None
+                error = follow_job(proc, ctl, log_file, timeout_s, "[flexible_job]", emu, networks,
+                                   on_line=on_line, on_network=on_network)
             finally:
                 stop(proc)
-        return read_records(ctl)
-
-
-def _play(emu: Emulator, proc: subprocess.Popen, ctl: str, networks: Sequence[dict[str, Any]],
-          timeout_s: float, log_file: str, on_line: Optional[Callable[[str], None]],
-          on_network: Optional[Callable[[int, dict], None]]) -> None:
-    deadline = time.monotonic() + timeout_s
-    nxt = 0
-    progress = TaggedLines(log_file, "[flexible_job]")
-    while True:
-        if on_line is not None:  # echo rank 0's progress lines
-            for line in progress.read():
-                on_line(line)
-        rc = proc.poll()
-        if rc is not None:
-            error = failure(rc, ctl, log_file)
             if error:
-                raise RuntimeError(error)
-            break
-        applied = serve_network_request(emu, ctl, networks, nxt)
-        if applied > nxt:
-            if on_network is not None:
-                on_network(nxt, networks[nxt])
-            nxt = applied
-            continue
-        if time.monotonic() > deadline:
-            raise RuntimeError(timed_out(timeout_s, log_file))
-        time.sleep(0.02)
+                raise JobError(error, read_records(ctl))
+        return read_records(ctl)

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The records a job's rank 0 appends, one JSON object per line, in the control directory.
@@ -212,6 +212,37 @@ def serve_network_request(emu: Any, ctl: str, networks: Sequence[dict[str, Any]]
     write_atomic(os.path.join(ctl, f"go.{nxt}"),
                  json.dumps({**net, "index": nxt, "applied_s": time.time()}))
     return nxt + 1
+
+
+def follow_job(proc: subprocess.Popen, ctl: str, log_path: str, timeout_s: float, tag: str,
+               emu: Any, networks: Sequence[dict[str, Any]], first: int = 0,
+               on_line: Optional[Callable[[str], None]] = print,
+               on_network: Optional[Callable[[int, dict], None]] = None,
+               poll_s: float = 0.02) -> Optional[str]:
+    """The driver's loop while a job runs: pass rank 0's progress lines (those holding ``tag``)
+    to ``on_line``, serve the job's requests for ``networks[first:]`` in order
+    (:func:`serve_network_request`; ``on_network(i, network)`` after each), until the job ends.
+    Returns None when it exited 0 after :func:`mark_done`, else the error text (failure or
+    ``timeout_s`` passed, with the output tail)."""
+    deadline = time.monotonic() + timeout_s
+    progress = TaggedLines(log_path, tag)
+    nxt = first
+    while True:
+        if on_line is not None:
+            for line in progress.read():
+                on_line(line)
+        rc = proc.poll()
+        if rc is not None:
+            return failure(rc, ctl, log_path)
+        applied = serve_network_request(emu, ctl, networks, nxt)
+        if applied > nxt:
+            if on_network is not None:
+                on_network(nxt, networks[nxt])
+            nxt = applied
+            continue
+        if time.monotonic() > deadline:
+            return timed_out(timeout_s, log_path)
+        time.sleep(poll_s)
 
 
 def stop(proc: subprocess.Popen) -> None:
