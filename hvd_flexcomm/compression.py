@@ -258,8 +258,9 @@ class Adaptive(Flexible):
       feedback, selection, packing, unpacking: ``last_stats["compress_ms"]``) to its predicted
       communication, from a line fitted through rank 0's measured steps at the CRs it ran, once
       two CRs a factor 2 apart have 3 steps each (until then, communication alone). On 2 cores
-      with N=4 it was 11-14 ms per step at CR 0.01 and 27-38 ms at CR 0.1, next to 100-400 ms
-      of communication at 100 Mbit/s and 5 ms one way. With ``granularity="model"`` the
+      with N=4 it was 11.4-13.8 ms per step at CR 0.01 and 24.6-26.5 ms at CR 0.1 (medians of
+      the AG-Topk runs in ``docs/performance/adaptive_regimes.md``), next to 100-400 ms of
+      communication at 100 Mbit/s and 5 ms one way. With ``granularity="model"`` the
       compression runs inside ``synchronize()``, so ``other_ms`` does not hold it (no double
       count). False: communication alone, as the paper (whose code measured the compression time
       and discarded it).
