@@ -144,7 +144,7 @@ class Job:
         eval_every = int(plan["eval_every"])
         x, y = self.data.train_x, self.data.train_y
         per_step: dict[str, list] = {"ms": [], "cr": [], "collective": [], "comm_ms": [],
-                                     "compress_ms": [], "probe_ms": []}
+                                     "compress_ms": [], "probe_ms": [], "span": []}
         own_ms: list[float] = []  # this rank's step time outside its collectives and probes
         acc0, _ = self.evaluate(model, False, f"eval.{index}.0")
         change_at_s = plan.get("change_at_train_s")  # the network changes once, at this clock
@@ -182,6 +182,7 @@ class Job:
                 per_step["comm_ms"].append(_r(st.get("comm_ms")))
                 per_step["compress_ms"].append(_r(st.get("compress_ms")))
                 per_step["probe_ms"].append(_r(st.get("probe_ms", 0.0)))
+                per_step["span"].append(bool(st.get("span", False)))
                 own_ms.append(round(1e3 * dt - (st.get("comm_ms") or 0.0)
                                     - (st.get("probe_ms") or 0.0), 3))
                 if (self.rank == 0 and change_at_s is not None and network_change is None
@@ -223,7 +224,9 @@ class Job:
             record["flexible"] = {"n_switches": ctrl.n_switches, "n_full_probes": ctrl.n_full_probes,
                                   "n_drift_probes": ctrl.n_drift_probes,
                                   "n_refreshes": ctrl.n_refreshes,
-                                  "probe_ms_total": ctrl.probe_ms_total}
+                                  "probe_ms_total": ctrl.probe_ms_total,
+                                  "n_span_steps": ctrl.n_span_steps,
+                                  "n_span_moves": ctrl.n_span_moves}
         ada = getattr(opt, "_flex_adaptive", None)
         if ada is not None:
             res = ada.last_result

@@ -361,11 +361,16 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "network_change": rec.get("network_change"),
     }
     if rec["method"]["kind"] == "adaptive":
-        crs = [c for c in ps["cr"] if c is not None]
+        spans = ps.get("span") or [False] * len(ps["cr"])  # older records have no span flags
+        all_crs = [c for c in ps["cr"] if c is not None]
+        # the CR in use: span steps (a few steps at an end of the candidates) left out
+        crs = [c for c, span in zip(ps["cr"], spans) if c is not None and not span]
         warm = rec["method"]["options"]["warmup_steps"]
         after = crs[warm:]
-        row["cr_first"] = crs[0] if crs else None
+        row["cr_first"] = all_crs[0] if all_crs else None
         row["cr_last"] = crs[-1] if crs else None
+        row["span_steps"] = sum(bool(x) for x in spans)
+        row["span_moves"] = rec.get("flexible", {}).get("n_span_moves")
         row["cr_min"] = min(crs) if crs else None
         row["cr_max"] = max(crs) if crs else None
         row["cr_mean_after_warmup"] = _mean(after)
@@ -528,7 +533,10 @@ def markdown(result: dict[str, Any]) -> str:
                   f"(step, CR): {ada['cr_changes']}; {ada.get('announcements', '?')} announcement "
                   "broadcasts"
                   + ("." if ada.get("kept") is None else
-                     f"; {ada['kept']} solved CR(s) within min_cr_change of the CR, not announced.")]
+                     f"; {ada['kept']} solved CR(s) within min_cr_change of the CR, not announced.")
+                  + (f" Span steps (left out of the range and mean): {ada['span_steps']}, "
+                     f"{ada.get('span_moves') or 0} span(s) moved the model."
+                     if ada.get("span_steps") else "")]
     if a.get("adaptive"):
         ratio = a.get("ratio_adaptive_vs_best_fixed")
         faster = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in a["faster_than"].items())

@@ -232,9 +232,14 @@ class AdaptiveController:
 
     def note_compress_ms(self, cr: float, ms: float) -> None:
         """Rank 0: one sparse step's compression time (ms, ``last_stats["compress_ms"]``) at its
-        CR. CRs above ``c_high`` (the warm-up ramp: other selection code) are not kept."""
+        CR. CRs above ``c_high`` (the warm-up ramp: other selection code) are not kept, nor the
+        steps that ran while a solve was in flight: its thread competes with the selection for
+        rank 0's cores (in one run the CR 0.1 steps next to the first solve took 34-108 ms,
+        against 25 ms in steady state, and steepened the fitted line)."""
         if self.rank != 0 or not self.mode.count_compression or cr > self.mode.c_high:
             return
+        if self._future is not None and not self._future.done():
+            return  # the solve's thread shares rank 0's cores: this step's time is not the CR's
         if not (math.isfinite(ms) and ms >= 0):
             return
         window = self.compress_samples_ms.pop(cr, None) or deque(maxlen=COMPRESS_WINDOW)

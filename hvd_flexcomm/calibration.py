@@ -155,6 +155,17 @@ class LinearCostFit:
         self._a = None
         self._b = None
 
+    def keep_sizes(self, sizes: Iterable[float]) -> None:
+        """Forget the samples at every size not in ``sizes`` (bytes) and refit; the learned slope
+        is kept while fewer than two sizes remain. (A span step, ``flexible.py``, measures the
+        far end of the candidates on real steps: what a probe measured there before is dropped,
+        so the line rests on the steps alone.)"""
+        keep = {float(x) for x in sizes}
+        kept = [(x, y) for x, y in self._samples if x in keep]
+        self._samples.clear()
+        self._samples.extend(kept)
+        self._refit()
+
     # -- fit -------------------------------------------------------------------------------------
 
     def _slope_prior(self) -> Optional[float]:

@@ -264,6 +264,24 @@ class Adaptive(Flexible):
       compression runs inside ``synchronize()``, so ``other_ms`` does not hold it (no double
       count). False: communication alone, as the paper (whose code measured the compression time
       and discarded it).
+    - ``span_steps`` / ``span_every``: the **span steps** that keep the time curve's slope
+      measured. Steps at one CR only re-measure the level of the path in use at that size; its
+      slope (how the time grows with the CR) would otherwise come from probes alone, and a probe
+      right after a network change can meet a link that has not settled yet (TCP windows still
+      growing on a new round trip) and leave a wrong slope for the rest of the run. So, at most
+      every ``span_every`` steps after the last probe or span, ``span_steps`` consecutive real
+      training steps run at an end of the candidate range (``c_low`` or ``c_high``: of those at
+      least 4x away from the CR in use, the one predicted cheaper; usually ``c_low``, which costs
+      no time) on the path in use, under their own collective names (no renegotiation of the
+      regular message). Their timings feed the path's fits, not the drift detector, and replace
+      what the probes measured at other sizes than the one in use: the path's line then rests
+      on real steps (the span's steps at its end, the recent steps at the CR in use). The first
+      step at a new size pays Horovod's negotiation and is not fed. A span that moves the
+      prediction at either end of the candidates by more than ``drift_threshold`` counts as a
+      recalibration and triggers a re-optimisation. A span whose predicted extra time (over
+      steps at the CR in use) would take refreshes and spans together past ``probe_budget`` of
+      the measured communication waits. The error feedback keeps what a span step at ``c_low``
+      does not send. ``span_steps=0`` turns them off.
     """
 
     cr: float = 0.1
@@ -283,6 +301,8 @@ class Adaptive(Flexible):
     time_scale: str = "step"
     other_ms_threshold: float = 0.5
     count_compression: bool = True
+    span_steps: int = 3
+    span_every: int = 50
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -299,7 +319,8 @@ class Adaptive(Flexible):
             raise ValueError(f"weights must be two positive numbers (time, gain), got {w!r}")
         object.__setattr__(self, "weights", (float(w[0]), float(w[1])))
         _check_ints(self, ("gain_every", "sync_every", "pop_size", "n_gen"), minimum=1)
-        _check_ints(self, ("warmup_steps", "min_interval"), minimum=0)
+        _check_ints(self, ("warmup_steps", "min_interval", "span_steps"), minimum=0)
+        _check_ints(self, ("span_every",), minimum=1)
         _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
         _check_fraction("min_cr_change", self.min_cr_change, allow_zero=True)
         _check_fraction("other_ms_threshold", self.other_ms_threshold, allow_zero=False)

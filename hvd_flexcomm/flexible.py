@@ -40,6 +40,10 @@ log = logging.getLogger("hvd_flexcomm.flexible")
 PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
 _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
 
+#: A span step's size (k) lies at least this factor away from the size in use: a narrower base
+#: would not pin the slope (calibration.MIN_SLOPE_SPAN is 2).
+SPAN_MIN_RATIO = 4.0
+
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
@@ -94,6 +98,21 @@ class FlexibleController:
         #: through a sparse path than a dense allreduce): :meth:`decide` takes the dense
         #: allreduce when the allreduce fit predicts it cheaper.
         self.dense_until_step = 0
+        # Adaptive's span steps (see :meth:`step_cr`): the CR and steps left of the span under
+        # way, its start, the prediction at its CR before it (None once its move was judged), the
+        # predicted extra ms of all spans (shared, in the budget with the refreshes), the sizes
+        # (k) whose names this process used (a new process negotiates them again, so they are
+        # not checkpointed), the counts of span steps and of spans that moved the model
+        self.span_cr: Optional[float] = None
+        self.span_base_cr: Optional[float] = None  # the CR in use when the span started
+        self.span_fed = False  # a sample of the span under way reached the fits
+        self.span_left = 0
+        self.last_span_step: Optional[int] = None
+        self.span_before_ms: Optional[dict] = None
+        self.span_ms_total = 0.0
+        self.spanned_ks: set = set()
+        self.n_span_steps = 0
+        self.n_span_moves = 0
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -153,9 +172,16 @@ class FlexibleController:
             plan = self._unused_path_plan(k)
             cost_ms = (sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
                        + self._combine_ms(len(plan)))
-            if self.refresh_ms_total + cost_ms <= self.mode.probe_budget * self.step_comm_ms_total:
+            if self._within_budget(cost_ms):
                 return plan, 1, "refresh"
         return [], 0, "refresh"
+
+    def _within_budget(self, cost_ms: float) -> bool:
+        """Whether refreshes and span steps, ``cost_ms`` more included, stay within
+        ``probe_budget`` of the communication measured in steps (shared sums: every rank
+        decides alike)."""
+        spent = self.refresh_ms_total + self.span_ms_total + cost_ms
+        return spent <= self.mode.probe_budget * self.step_comm_ms_total
 
     def _combine_ms(self, n_timings: int) -> float:
         """Predicted ms of the allreduce that combines ``n_timings`` probe timings (float64) over
@@ -230,6 +256,66 @@ class FlexibleController:
         """A full or drift probe must run before the next step (its path is not decided yet)."""
         return self.full_probe_due or self.drift_probe_due
 
+    @property
+    def model_version(self) -> int:
+        """Counts the recalibrations of the model: full and drift probes, and span steps that
+        moved a prediction by more than ``drift_threshold`` (Adaptive re-optimises on a change)."""
+        return self.n_full_probes + self.n_drift_probes + self.n_span_moves
+
+    # -- span steps (Adaptive) -------------------------------------------------------------------
+    def step_cr(self, step: int, cr: float) -> tuple[float, Optional[str]]:
+        """``(cr, role)`` of ``step``, whose path is decided for the CR in use ``cr``: ``cr``
+        itself and role None, or a span step's CR and role ``"span"`` (``"cold"`` for the first
+        step at a size never spanned before: Horovod negotiates its new names, so its timing is
+        not fed to the fits). See ``Adaptive.span_steps``; needs candidate CRs (``probe_crs``).
+        The first fed sample of a span drops the samples of its kinds at every size but the one
+        in use (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`): from then on the
+        path's lines rest on real steps, the CR in use and the span's end.
+
+        A span starts when ``span_every`` steps have passed since the last probe, the end of
+        the warm-up and the last span start, no probe is due and the path is sparse; its CR is
+        the end of ``probe_crs`` at least :data:`SPAN_MIN_RATIO` times away from ``cr`` (in k)
+        with the lower predicted extra time on the path in use (zero when it is cheaper than
+        ``cr``), and it runs only within the budget (:meth:`_within_budget`). Pure function of
+        shared state: every rank returns the same."""
+        if self.span_left > 0:
+            self.span_left -= 1
+            self.n_span_steps += 1
+            return self.span_cr, "span"
+        n = int(getattr(self.mode, "span_steps", 0))
+        if (not n or not self.probe_crs or self.path not in PATHS or self.probe_due
+                or step < self.dense_until_step):
+            return cr, None
+        since = step - max(self.last_probe_step, self.dense_until_step,
+                           -1 if self.last_span_step is None else self.last_span_step)
+        if since < self.mode.span_every:
+            return cr, None
+        k = k_for(cr, self.numel)
+        now_ms = self.predict(cr)[self.path]
+        options = []
+        for end in (min(self.probe_crs), max(self.probe_crs)):
+            k_end = k_for(end, self.numel)
+            if max(k_end, k) < SPAN_MIN_RATIO * min(k_end, k):
+                continue
+            end_ms = self.predict(end)[self.path]
+            options.append((n * max(0.0, end_ms - now_ms), end, end_ms))
+        if not options:
+            return cr, None
+        extra_ms, end, end_ms = min(options)
+        if not self._within_budget(extra_ms):
+            return cr, None
+        self.span_ms_total += extra_ms
+        self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
+        self.span_base_cr, self.span_fed = cr, False
+        self.span_before_ms = self._span_ends_ms()
+        self.n_span_steps += 1
+        k_end = k_for(end, self.numel)
+        cold = k_end not in self.spanned_ks
+        self.spanned_ks.add(k_end)
+        log.info("hvd_flexcomm: step %d: span of %d step(s) at cr %g on the %s (cr in use %g; "
+                 "predicted %.1f ms against %.1f ms)", step, n, end, self.path, cr, end_ms, now_ms)
+        return end, ("cold" if cold else "span")
+
     # -- steps -----------------------------------------------------------------------------------
     def decide(self, step: int, cr: float) -> str:
         """Choose (and remember) the path of ``step``: the cheaper sparse path (with hysteresis),
@@ -268,10 +354,12 @@ class FlexibleController:
         entries[ANNOUNCE_SLOT] = 1.0 if announce else 0.0
         return tuple(entries)
 
-    def observe_step(self, control: list[float], cr: float) -> None:
+    def observe_step(self, control: list[float], cr: float, role: Optional[str] = None) -> None:
         """Feed the previous step's timings (``control`` as received in the payload: path code,
         then the first-collective, second-collective and VAR allgather ms, each the minimum over
-        ranks) to the fits and the drift detector."""
+        ranks) to the fits and the drift detector. ``role``: the step's role from
+        :meth:`step_cr`: a ``"span"`` step feeds the fits only, a ``"cold"`` one neither (both
+        count in the measured communication)."""
         code = float(control[PATH_SLOT])
         t1, t2, t_var = (float(control[slot]) for slot in TIMING_SLOTS)
         path = _PATH_OF_CODE.get(code)
@@ -286,11 +374,24 @@ class FlexibleController:
             samples = [("broadcast", sizes["broadcast"], t1), ("allreduce", sizes["allreduce"], t2)]
             if t_var > 0:
                 samples.append(("allgather", 8, t_var))
-        for kind, nbytes, ms in samples:
-            self.model.observe(kind, nbytes, ms)
-        self.recent_steps.append(samples)
         measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
+        if role == "cold":
+            return
+        if role == "span" and not self.span_fed and self.span_base_cr is not None:
+            # the span's first sample: its kinds' lines now rest on real steps only (the CR in
+            # use and the span's end), not on what the probe measured at other sizes
+            in_use = self.payload_bytes(k_for(self.span_base_cr, self.numel))
+            for kind, _, _ in samples:
+                if kind in in_use and not (kind == "allgather" and path == "allreduce"):
+                    self.model.fits[kind].keep_sizes({in_use[kind]})
+            self.span_fed = True
+        for kind, nbytes, ms in samples:
+            self.model.observe(kind, nbytes, ms)
+        if role == "span":
+            self._judge_span(cr, path)
+            return
+        self.recent_steps.append(samples)
         if (path, k) != self.drift_key:
             self.drift.clear_history()  # another path or size: its timings have their own range
             self.drift_key = (path, k)
@@ -307,6 +408,27 @@ class FlexibleController:
                      f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms",
                      self.drift.patience, "full" if self.full_probe_due else "drift")
 
+    def _span_ends_ms(self) -> dict:
+        """Predicted ms of the path in use at both ends of the candidate CRs."""
+        return {c: self.predict(c)[self.path] for c in (min(self.probe_crs), max(self.probe_crs))}
+
+    def _judge_span(self, cr: float, path: str) -> None:
+        """After a span step's timings: if the prediction at either end of the candidates moved
+        by more than ``drift_threshold`` since the span started, count one model change (once
+        per span)."""
+        before = self.span_before_ms
+        if before is None or cr != self.span_cr or path != self.path:
+            return
+        after = self._span_ends_ms()
+        moved = {c: abs(after[c] - ms) / max(ms, 1e-9) for c, ms in before.items()}
+        end = max(moved, key=moved.get)
+        if moved[end] > self.mode.drift_threshold:
+            self.n_span_moves += 1
+            self.span_before_ms = None
+            log.info("hvd_flexcomm: the span at cr %g moved the predicted %s time at cr %g "
+                     "%.1f -> %.1f ms (%.0f%%): model recalibrated", cr, path, end, before[end],
+                     after[end], 100 * moved[end])
+
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "path": self.path,
@@ -314,7 +436,10 @@ class FlexibleController:
                 "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
                 "n_drift_probes": self.n_drift_probes, "n_refreshes": self.n_refreshes,
                 "refresh_ms_total": self.refresh_ms_total,
-                "step_comm_ms_total": self.step_comm_ms_total}
+                "step_comm_ms_total": self.step_comm_ms_total,
+                "span_ms_total": self.span_ms_total, "last_span_step": self.last_span_step,
+                "n_span_steps": self.n_span_steps,
+                "n_span_moves": self.n_span_moves}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -330,4 +455,8 @@ class FlexibleController:
         self.n_refreshes = int(state.get("n_refreshes", 0))
         self.refresh_ms_total = float(state.get("refresh_ms_total", 0.0))
         self.step_comm_ms_total = float(state.get("step_comm_ms_total", 0.0))
+        self.span_ms_total = float(state.get("span_ms_total", 0.0))
+        self.last_span_step = state.get("last_span_step")
+        self.n_span_steps = int(state.get("n_span_steps", 0))
+        self.n_span_moves = int(state.get("n_span_moves", 0))
         self.full_probe_due = not self.model.is_calibrated()

@@ -40,6 +40,7 @@ from .sync import (
     launch,
     wire_dtype,
 )
+from .topk import k_for
 
 __all__ = ["DistributedOptimizer"]
 
@@ -90,6 +91,9 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_cr = getattr(mode, "cr", 1.0)  # the CR of the current step
         self._flex_routed_cr = None  # the CR the current path was decided for
         self._flex_sent_cr = None  # the CR of the step whose timings ride in _flex_control
+        self._flex_base_cr = self._flex_cr  # the CR in use (a span step runs at another one)
+        self._flex_role: Optional[str] = None  # this step's span role (FlexibleController.step_cr)
+        self._flex_sent_role: Optional[str] = None  # the same for the step of _flex_sent_cr
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
         self._flex_announce_flag = False  # Adaptive: rank 0's announce flag, as last received
         self._flex_probe_ms = 0.0  # probing time spent in the current step
@@ -126,12 +130,14 @@ class _FlexMethods(torch.optim.Optimizer):
         hvd = self._flex_hvd
         mode = self._flex_mode
         average = self.op == hvd.Average
+        numel = sum(m.numel for m in self._flex_messages)
         return StepConfig(
             step=self._flex_step, rank=self.process_set.rank(), size=self.process_set.size(),
             cr=self._flex_cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
             average=average, predivide=self.gradient_predivide_factor if average else 1.0,
             process_set=self.process_set, hvd=hvd, control=self._flex_control,
-            agreement=self._flex_agreement_hash())
+            agreement=self._flex_agreement_hash(),
+            name_suffix="" if self._flex_role is None else f".span{k_for(self._flex_cr, numel)}")
 
     def _flex_fingerprint(self) -> dict:
         names = [self._parameter_names.get(p) for m in self._flex_messages for p in m.params]
@@ -200,7 +206,7 @@ class _FlexMethods(torch.optim.Optimizer):
             ctrl.dense_until_step = mode.warmup_steps  # warm-up CRs may be cheaper dense
             self._flex_adaptive = AdaptiveController(
                 mode, self.process_set.rank(), self._flex_hvd, self.process_set,
-                predict_ms=ctrl.predict, model_version=lambda: ctrl.n_full_probes)
+                predict_ms=ctrl.predict, model_version=lambda: ctrl.model_version)
             self._flex_cr = self._flex_adaptive.cr
         for p in trainable:
             self._requires_update.add(p)
@@ -247,6 +253,7 @@ class _FlexMethods(torch.optim.Optimizer):
             return
         self._flex_probe_ms = 0.0
         self._flex_probe_kind = None
+        self._flex_role = None
         sync_start = time.perf_counter()
         self._flex_other_ms = (None if self._flex_sync_end is None
                                else 1e3 * (sync_start - self._flex_sync_end))
@@ -291,6 +298,7 @@ class _FlexMethods(torch.optim.Optimizer):
         from .probing import run_probes
 
         ctrl, cr = self._flex_controller, self._flex_cr
+        self._flex_base_cr = cr
         plan, repeats, kind = ctrl.probe_plan(self._flex_step, cr)
         if plan:
             t0 = time.perf_counter()
@@ -309,24 +317,27 @@ class _FlexMethods(torch.optim.Optimizer):
         if ctrl.path is None or cr != self._flex_routed_cr:
             ctrl.decide(self._flex_step, cr)
             self._flex_routed_cr = cr
+        # Adaptive: a span step runs at the far end of the candidates, on the path decided for cr
+        self._flex_cr, self._flex_role = ctrl.step_cr(self._flex_step, cr)
 
     def _flex_after_step(self, outcomes: list[MessageOutcome]) -> None:
         """Flexible: learn from the previous step's timings (minima over ranks, received in this
         step's payload, identical on every rank) and decide the next step's path."""
-        ctrl, cr = self._flex_controller, self._flex_cr
+        ctrl, cr = self._flex_controller, self._flex_base_cr
         path = ctrl.path
         # this rank's own times (from _flex_record); the payload delivers each one's minimum over
         # ranks (sync.py)
         timings = tuple(self.last_stats["timings_ms"])
         received = outcomes[0].control if outcomes and outcomes[0].control else None
         if received and self._flex_sent_cr is not None:
-            ctrl.observe_step(received, self._flex_sent_cr)  # the previous step, at its CR
+            # the previous step, at its CR and span role
+            ctrl.observe_step(received, self._flex_sent_cr, self._flex_sent_role)
         adaptive = self._flex_adaptive
         if received:
             self._flex_announce_flag = received[ANNOUNCE_SLOT] > 0.5
         self._flex_control = ctrl.outgoing_control(
             path, timings, announce=adaptive is not None and adaptive.announce_ready())
-        self._flex_sent_cr = cr
+        self._flex_sent_cr, self._flex_sent_role = self._flex_cr, self._flex_role
         self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
         self.last_stats["probe_ms"] = self._flex_probe_ms
@@ -353,6 +364,7 @@ class _FlexMethods(torch.optim.Optimizer):
             "timings_ms": [sum(o.timings_ms[i] for o in outcomes) for i in range(3)],
             "gain": float(sum(w * o.gain for w, o in zip(weights, outcomes))),
             "other_ms": self._flex_other_ms,
+            "span": self._flex_role is not None,
             "skipped": skipped,
             "nonfinite_ranks": bad,
         }
@@ -472,7 +484,9 @@ def DistributedOptimizer(
     ``nonfinite_ranks`` and ``other_ms`` (top-k only: ms from the end of the previous step's
     synchronisation to the start of this one's, i.e. time outside communication; None at the
     first step). Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms`` and
-    ``probe_ms``.
+    ``probe_ms``; ``span`` is True at Adaptive's span steps (``Adaptive.span_steps``: a few
+    steps at the end of the candidate CRs that keep the time curve's slope measured; ``cr``
+    is then the span's CR).
 
     Every top-k payload carries a small hash of (settings, step, CR, path); if the ranks' hashes
     differ (their state diverged), every rank raises the same ``RuntimeError`` at that step.

@@ -107,6 +107,10 @@ class StepConfig:
     hvd: Any = None  # the horovod.torch module
     control: tuple = (0.0,) * CONTROL_SLOTS  # this rank's entries (see combine_control)
     agreement: int = 0  # hash of (settings, step, CR, path); must be equal on every rank
+    #: appended to the collectives' names. Adaptive's span steps (``flexible.py``) send another
+    #: size than the steps around them: under its own name each size stays in Horovod's response
+    #: cache, so neither the span step nor the step after it renegotiates its message.
+    name_suffix: str = ""
 
 
 @dataclass
@@ -216,7 +220,8 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         pending.bytes_sent = payload.numel()
         pending.compress_s = time.perf_counter() - t0
         pending.comm_started = time.perf_counter()
-        pending.handle = hvd.allgather_async(payload, name=msg.name + ".ag", **kw)
+        pending.handle = hvd.allgather_async(payload, name=msg.name + ".ag" + cfg.name_suffix,
+                                             **kw)
         return pending
 
     if cfg.path != "allreduce":
@@ -245,7 +250,8 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
     pending.bytes_sent += idx.numel() * idx.element_size()
     pending.compress_s += time.perf_counter() - t0
     pending.comm_started = time.perf_counter()
-    pending.handle = hvd.broadcast_async_(idx, root, name=msg.name + ".idx", **kw)
+    pending.handle = hvd.broadcast_async_(idx, root, name=msg.name + ".idx" + cfg.name_suffix,
+                                          **kw)
     return pending
 
 
@@ -281,7 +287,8 @@ def advance(pending: Pending) -> None:
     pending.phase = "reducing"
     pending.compress_s += time.perf_counter() - t0
     pending.comm_started = time.perf_counter()
-    pending.handle = hvd.allreduce_async_(payload, name=pending.msg.name + ".ar", op=hvd.Sum,
+    pending.handle = hvd.allreduce_async_(payload, name=pending.msg.name + ".ar" + cfg.name_suffix,
+                                          op=hvd.Sum,
                                           **_collective_kwargs(cfg))
 
 

@@ -397,11 +397,12 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     model = torch.nn.Sequential(torch.nn.Linear(40, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
     mode = hvd_flexcomm.Adaptive(cr=0.1, warmup_steps=warmup, gain_every=5, min_interval=40,
                                  sync_every=5, n_gen=n_gen, reprobe_interval=0, probe_repeats=1,
-                                 min_cr_change=0)  # every solve announced: the channel is tested
+                                 min_cr_change=0,  # every solve announced: the channel is tested
+                                 span_every=20)
     opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                             named_parameters=model.named_parameters(),
                                             compression=mode)
-    crs, paths, step_end = [], [], []
+    crs, paths, spans, step_end = [], [], [], []
     ctrl = opt._flex_adaptive
     step = 0
     # a fixed number of steps, then on until the solver's CR is announced (a busy machine may
@@ -413,13 +414,16 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
         opt.step()
         crs.append(opt.last_stats["cr"])
         paths.append(opt.last_stats["collective"])
+        spans.append(opt.last_stats["span"])
         step_end.append(time.perf_counter())
         step += 1
     everyone = hvd.allgather(torch.tensor([crs], dtype=torch.float64), name="adaptive.crs")
     solves = [dict(s) for s in ctrl.solves if s["end"] is not None]  # finished ones
     steps_during = [sum(1 for t in step_end if s["start"] < t < s["end"]) for s in solves]
     state = opt.state_dict()["hvd_flexcomm"]["adaptive"]
-    return {"crs": crs, "paths": paths, "crs_agree": bool((everyone == everyone[0]).all()),
+    return {"crs": crs, "paths": paths, "spans": spans,
+            "span_moves": opt._flex_controller.n_span_moves,
+            "crs_agree": bool((everyone == everyone[0]).all()),
             "channel": ctrl.channel, "changes": ctrl.changes, "solves": len(solves),
             "submitted": len(ctrl.solves), "announcements": ctrl.n_announcements,
             "solve_s": [s["end"] - s["start"] for s in solves],

@@ -326,6 +326,12 @@ def test_compression_times_are_kept_per_cr_on_rank0_and_join_the_time_objective(
             flat.note_compress_ms(0.05 - 0.001 * i, 20.0)
     assert len(flat.compress_samples_ms) == COMPRESS_CRS and 0.1 not in flat.compress_samples_ms
     assert all(len(v) == COMPRESS_WINDOW for v in flat.compress_samples_ms.values())
+    from concurrent.futures import Future
+
+    flat._future = Future()  # a solve in flight: its thread shares rank 0's cores
+    flat.note_compress_ms(0.001, 5.0)
+    assert 0.001 not in flat.compress_samples_ms
+    flat._future = None
     off, _ = _controller(count_compression=False)
     off.note_compress_ms(0.1, 30.0)
     assert not off.compress_samples_ms and off.compress_ms_at([0.1]) is None
@@ -379,6 +385,7 @@ def test_solver_failures_are_contained(caplog):
     ({"other_ms_threshold": 0}, "other_ms_threshold.*0"),
     ({"other_ms_threshold": 1.5}, "other_ms_threshold.*1.5"),
     ({"count_compression": "yes"}, "count_compression.*'yes'"),
+    ({"span_steps": -1}, "span_steps.*-1"), ({"span_every": 0}, "span_every.*0"),
 ])
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):

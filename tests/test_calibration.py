@@ -457,3 +457,14 @@ def test_drift_matches_run_length_reference(violations, patience):
         run = run + 1 if v else 0
         expected = run > 0 and run % patience == 0
         assert det.update(10.0, 20.0 if v else 10.0) == expected
+
+
+def test_keep_sizes_drops_the_other_sizes_and_keeps_the_learned_slope():
+    fit = LinearCostFit(window=16)
+    fit.extend([(100.0, 2.0), (100.0, 2.0), (1000.0, 11.0), (10.0, 1.1)])  # 1 + 0.01 x
+    assert fit.b_ms_per_byte == pytest.approx(0.01)
+    fit.keep_sizes({100.0})
+    assert fit.samples == [(100.0, 2.0), (100.0, 2.0)] and fit.n_sizes == 1
+    assert fit.b_ms_per_byte == pytest.approx(0.01)  # one size left: the learned slope holds
+    fit.add(1000.0, 5.6)  # a new measurement at the far end re-learns it: 1.6 + 0.004 x
+    assert fit.b_ms_per_byte == pytest.approx(0.004, rel=1e-6)

@@ -262,3 +262,99 @@ def test_full_probes_after_drift_warm_up_every_op_again():
     assert not warm_up and warmed is flex.warmed_probes
     flex.n_full_probes = 1  # a full probe after that one follows drift (Adaptive)
     assert flex.probe_warm_up("full") == (True, None)
+
+
+def _span_ctrl(**kw):
+    """A controller with Adaptive's candidate CRs, calibrated on allgather ``1 + 1e-6·bytes`` ms
+    (AR 10^4 times dearer per byte), at CR 0.01 on the allgather."""
+    from hvd_flexcomm import Adaptive
+
+    mode = Adaptive(cr=0.01, reprobe_interval=0, drift_patience=3, **kw)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    ctrl.probe_crs = (0.1, 0.01, 0.001)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    return ctrl
+
+
+def _ag_control(ms):
+    return [PATH_CODES["allgather"], ms, 0.0, 0.0, 0.0]
+
+
+def test_span_steps_run_at_the_cheaper_far_end_every_span_every_steps():
+    """After ``span_every`` steps since the start-up probe, ``span_steps`` steps run at the end of
+    the candidates that costs no extra time (c_low here), then the CR in use again; the first
+    span at a size is "cold" (its names are negotiated), later ones are not."""
+    ctrl = _span_ctrl(span_steps=2, span_every=10)
+    crs = [ctrl.step_cr(step, 0.01) for step in range(0, 25)]
+    assert crs[:10] == [(0.01, None)] * 10
+    assert crs[10:12] == [(0.001, "cold"), (0.001, "span")]
+    assert crs[12:20] == [(0.01, None)] * 8
+    assert crs[20:22] == [(0.001, "span"), (0.001, "span")]
+    assert ctrl.n_span_steps == 4 and ctrl.span_ms_total == 0.0  # c_low is cheaper: free
+    # at c_low the far end is c_high (k 100x away), and it costs extra time: it waits for the
+    # budget (2% of the measured communication; none measured yet)
+    ctrl2 = _span_ctrl(span_steps=2, span_every=10)
+    assert ctrl2.step_cr(10, 0.001) == (0.001, None)
+    for _ in range(10_000):
+        ctrl2.observe_step(_ag_control(ctrl2.predict(0.001)["allgather"]), 0.001)
+    assert ctrl2.step_cr(11, 0.001) == (0.1, "cold")
+    extra = 2 * (ctrl2.predict(0.1)["allgather"] - ctrl2.predict(0.001)["allgather"])
+    assert ctrl2.span_ms_total == pytest.approx(extra)
+    assert ctrl2.span_ms_total <= 0.02 * ctrl2.step_comm_ms_total
+
+
+def test_span_steps_need_candidates_and_can_be_turned_off():
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)  # no candidates
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-4)
+    ctrl.decide(0, 0.01)
+    assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(200))
+    off = _span_ctrl(span_steps=0, span_every=1)
+    assert all(off.step_cr(s, 0.01) == (0.01, None) for s in range(200))
+
+
+def test_span_timings_relearn_the_slope_without_firing_drift():
+    """The network changed and a probe left a steep slope (the allgather predicted 10x dearer
+    per byte than it is): a span at c_low measures the true cost there, its timings refit the
+    line, the prediction at the span's CR moves, and the model counts one recalibration. The
+    span's timings never reach the drift detector; the cold step's feed nothing."""
+    ctrl = _span_ctrl(span_steps=2, span_every=5)
+    size = {c: ctrl.payload_bytes(round(c * NUMEL))["allgather"] for c in (0.1, 0.01, 0.001)}
+    truth = {c: 50.0 + 1e-4 * size[c] for c in size}  # fixed cost 50 ms, 1e-4 ms/byte
+    # a probe after the change measured a line 3x as steep, right at the CR in use (no drift)
+    steep = {c: truth[0.01] + 3e-4 * (size[c] - size[0.01]) for c in size}
+    ctrl.after_probe(1, [("allgather", size[c], steep[c]) for c in (0.1, 0.001) for _ in range(2)],
+                     "full", spent_ms=1.0)
+    assert ctrl.decide(1, 0.01) == "allgather"
+    version = ctrl.model_version
+    for step in range(2, 6):  # steps at 0.01 measure the truth there, which the probe got right
+        assert ctrl.step_cr(step, 0.01) == (0.01, None)
+        ctrl.observe_step(_ag_control(truth[0.01]), 0.01)
+    assert ctrl.model.fits["allgather"].b_ms_per_byte == pytest.approx(3e-4, rel=1e-6)
+    steep_at_high, steep_at_low = ctrl.predict(0.1)["allgather"], ctrl.predict(0.001)["allgather"]
+    drift_state = (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key)
+    roles = [ctrl.step_cr(step, 0.01) for step in (6, 7)]
+    assert roles == [(0.001, "cold"), (0.001, "span")]
+    ctrl.observe_step(_ag_control(5 * truth[0.001]), 0.001, "cold")  # negotiation: not fed
+    assert ctrl.predict(0.001)["allgather"] == pytest.approx(steep_at_low)
+    assert ctrl.predict(0.1)["allgather"] == pytest.approx(steep_at_high)
+    ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")
+    # the probe's samples are gone: the line runs through the steps at 0.01 and the span
+    assert ctrl.model.fits["allgather"].n_sizes == 2
+    for c in (0.1, 0.01, 0.001):
+        assert ctrl.predict(c)["allgather"] == pytest.approx(truth[c], rel=1e-6)
+    assert steep_at_high > 1.5 * truth[0.1]
+    assert ctrl.model_version == version + 1 and ctrl.n_span_moves == 1
+    ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")  # counted once per span
+    assert ctrl.model_version == version + 1
+    assert not ctrl.probe_due
+    assert (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key) == drift_state
+
+
+def test_span_state_round_trip():
+    ctrl = _span_ctrl(span_steps=2, span_every=5)
+    ctrl.step_cr(5, 0.01)
+    other = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
+    other.load_dict(ctrl.to_dict())
+    assert (other.last_span_step, other.n_span_steps, other.span_ms_total) == (5, 1, 0.0)
+    assert other.spanned_ks == set()  # a new process negotiates the span's names again
