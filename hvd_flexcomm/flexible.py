@@ -44,6 +44,11 @@ _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
 #: would not pin the slope (calibration.MIN_SLOPE_SPAN is 2).
 SPAN_MIN_RATIO = 4.0
 
+#: Under span steps, a drift probe is followed by a span this many steps later (the TCP flows
+#: meet the new link for a few steps; the fixed-CR runs of docs/performance/adaptive_regimes.md
+#: were steady from about 10 steps after a change on).
+SPAN_SETTLE_STEPS = 10
+
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
@@ -113,6 +118,11 @@ class FlexibleController:
         self.spanned_ks: set = set()
         self.n_span_steps = 0
         self.n_span_moves = 0
+        #: after a drift probe (Adaptive with spans): the step from which a span is due at once,
+        #: and whether the span under way is that one (it counts as a recalibration whatever it
+        #: measures: the first look at the slopes of the new network)
+        self.span_soon_step: Optional[int] = None
+        self.span_after_drift = False
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -246,6 +256,8 @@ class FlexibleController:
             self.n_full_probes += 1
         else:
             self.n_drift_probes += 1
+            if self.spans_on:  # the slopes of the new network: a span once the link settled
+                self.span_soon_step = step + SPAN_SETTLE_STEPS
         self.drift_probe_due = False
         self.recent_steps.clear()
         self.drift.reset()
@@ -257,10 +269,15 @@ class FlexibleController:
         return self.full_probe_due or self.drift_probe_due
 
     @property
+    def spans_on(self) -> bool:
+        """Adaptive with span steps (candidate CRs and ``span_steps`` > 0)."""
+        return bool(self.probe_crs) and int(getattr(self.mode, "span_steps", 0)) > 0
+
+    @property
     def model_version(self) -> int:
-        """Counts the recalibrations of the model: full and drift probes, and span steps that
-        moved a prediction by more than ``drift_threshold`` (Adaptive re-optimises on a change)."""
-        return self.n_full_probes + self.n_drift_probes + self.n_span_moves
+        """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
+        spans that moved it (a drift probe under spans is followed by a span that counts)."""
+        return self.n_full_probes + self.n_span_moves
 
     # -- span steps (Adaptive) -------------------------------------------------------------------
     def step_cr(self, step: int, cr: float) -> tuple[float, Optional[str]]:
@@ -288,7 +305,8 @@ class FlexibleController:
             return cr, None
         since = step - max(self.last_probe_step, self.dense_until_step,
                            -1 if self.last_span_step is None else self.last_span_step)
-        if since < self.mode.span_every:
+        soon = self.span_soon_step is not None and step >= self.span_soon_step
+        if since < self.mode.span_every and not soon:
             return cr, None
         k = k_for(cr, self.numel)
         now_ms = self.predict(cr)[self.path]
@@ -305,6 +323,7 @@ class FlexibleController:
         if not self._within_budget(extra_ms):
             return cr, None
         self.span_ms_total += extra_ms
+        self.span_after_drift, self.span_soon_step = soon, None
         self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
         self.span_base_cr, self.span_fed = cr, False
         self.span_before_ms = self._span_ends_ms()
@@ -397,8 +416,9 @@ class FlexibleController:
             self.drift_key = (path, k)
         if self.drift.update(predicted, measured):
             band = self.drift.last_band
-            # candidate CRs (Adaptive) need every slope: a full probe; a fixed CR needs its size
-            if self.probe_crs:
+            # candidate CRs (Adaptive) need every slope: a full probe, or under span steps a
+            # drift probe and a span soon after it; a fixed CR needs its size
+            if self.probe_crs and not self.spans_on:
                 self.full_probe_due = True
             else:
                 self.drift_probe_due = True
@@ -422,12 +442,14 @@ class FlexibleController:
         after = self._span_ends_ms()
         moved = {c: abs(after[c] - ms) / max(ms, 1e-9) for c, ms in before.items()}
         end = max(moved, key=moved.get)
-        if moved[end] > self.mode.drift_threshold:
+        if moved[end] > self.mode.drift_threshold or self.span_after_drift:
             self.n_span_moves += 1
             self.span_before_ms = None
-            log.info("hvd_flexcomm: the span at cr %g moved the predicted %s time at cr %g "
-                     "%.1f -> %.1f ms (%.0f%%): model recalibrated", cr, path, end, before[end],
-                     after[end], 100 * moved[end])
+            log.info("hvd_flexcomm: the span at cr %g %s the predicted %s time at cr %g "
+                     "%.1f -> %.1f ms (%.0f%%): model recalibrated", cr,
+                     "after drift moved" if self.span_after_drift else "moved", path, end,
+                     before[end], after[end], 100 * moved[end])
+            self.span_after_drift = False
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -439,7 +461,7 @@ class FlexibleController:
                 "step_comm_ms_total": self.step_comm_ms_total,
                 "span_ms_total": self.span_ms_total, "last_span_step": self.last_span_step,
                 "n_span_steps": self.n_span_steps,
-                "n_span_moves": self.n_span_moves}
+                "n_span_moves": self.n_span_moves, "span_soon_step": self.span_soon_step}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -459,4 +481,5 @@ class FlexibleController:
         self.last_span_step = state.get("last_span_step")
         self.n_span_steps = int(state.get("n_span_steps", 0))
         self.n_span_moves = int(state.get("n_span_moves", 0))
+        self.span_soon_step = state.get("span_soon_step")
         self.full_probe_due = not self.model.is_calibrated()

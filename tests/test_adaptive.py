@@ -503,11 +503,11 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
     from hvd_flexcomm.flexible import FlexibleController
 
     mode = Adaptive(cr=0.1, gain_every=1, min_interval=5, min_cr_change=0, reprobe_interval=0,
-                    drift_patience=3, n_gen=20, pop_size=16)
+                    drift_patience=3, n_gen=20, pop_size=16, span_steps=0)  # drift: full probe
     flex = FlexibleController(mode, world_size=4, numel=1_000_000)
     flex.probe_crs = mode.candidates
     ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
-                             model_version=lambda: flex.n_full_probes)
+                             model_version=lambda: flex.model_version)
     ada._broadcast = lambda obj: obj  # the channel itself is tested with real ranks
     g = torch.randn(200_000, generator=torch.Generator().manual_seed(4)) ** 3
 

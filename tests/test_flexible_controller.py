@@ -358,3 +358,32 @@ def test_span_state_round_trip():
     other.load_dict(ctrl.to_dict())
     assert (other.last_span_step, other.n_span_steps, other.span_ms_total) == (5, 1, 0.0)
     assert other.spanned_ks == set()  # a new process negotiates the span's names again
+
+
+def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates():
+    """With span steps, Adaptive's drift runs the cheap drift probe (the path not in use at the k
+    in use), not a full probe over every candidate's size; a span follows SPAN_SETTLE_STEPS
+    later, and it counts as a recalibration (Adaptive re-solves) even when it finds the slope
+    unchanged."""
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
+
+    ctrl = _span_ctrl(span_steps=2, span_every=50)
+    version = ctrl.model_version
+    for _ in range(3):  # the allgather suddenly costs 10x at the size in use
+        ctrl.observe_step(_ag_control(10 * ctrl.predict(0.01)["allgather"]), 0.01)
+    assert ctrl.drift_probe_due and not ctrl.full_probe_due
+    plan, what = _probe(ctrl, 4, 0.01, ag_ms_per_byte=1e-5, ar_ms_per_byte=1e-2)
+    sizes = ctrl.payload_bytes(10_000)
+    assert what == "drift" and sorted(plan) == [("allreduce", sizes["allreduce"]),
+                                                 ("broadcast", sizes["broadcast"])]
+    assert ctrl.model_version == version  # not yet: the slopes are the old network's
+    ctrl.decide(4, 0.01)
+    assert ctrl.span_soon_step == 4 + SPAN_SETTLE_STEPS
+    assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(5, 4 + SPAN_SETTLE_STEPS))
+    assert ctrl.step_cr(4 + SPAN_SETTLE_STEPS, 0.01) == (0.001, "cold")
+    assert ctrl.step_cr(5 + SPAN_SETTLE_STEPS, 0.01) == (0.001, "span")
+    ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
+    assert ctrl.model_version == version
+    ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
+    assert ctrl.model_version == version + 1 and ctrl.span_soon_step is None
+    assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
