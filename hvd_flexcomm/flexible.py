@@ -104,10 +104,11 @@ class FlexibleController:
         #: allreduce when the allreduce fit predicts it cheaper.
         self.dense_until_step = 0
         # Adaptive's span steps (see :meth:`step_cr`): the CR and steps left of the span under
-        # way, its start, the prediction at its CR before it (None once its move was judged), the
-        # predicted extra ms of all spans (shared, in the budget with the refreshes), the sizes
-        # (k) whose names this process used (a new process negotiates them again, so they are
-        # not checkpointed), the counts of span steps and of spans that moved the model
+        # way, its start, the predictions at both ends of the candidates before it (None once it
+        # counted as a move), the predicted extra ms of all spans (shared, in the budget with the
+        # refreshes), the sizes (k) whose names this process used (a new process negotiates them
+        # again, so they are not checkpointed), the counts of span steps and of spans that moved
+        # the model
         self.span_cr: Optional[float] = None
         self.span_base_cr: Optional[float] = None  # the CR in use when the span started
         self.span_fed = False  # a sample of the span under way reached the fits
@@ -299,10 +300,10 @@ class FlexibleController:
             self.span_left -= 1
             self.n_span_steps += 1
             return self.span_cr, "span"
-        n = int(getattr(self.mode, "span_steps", 0))
-        if (not n or not self.probe_crs or self.path not in PATHS or self.probe_due
+        if (not self.spans_on or self.path not in PATHS or self.probe_due
                 or step < self.dense_until_step):
             return cr, None
+        n = int(self.mode.span_steps)
         since = step - max(self.last_probe_step, self.dense_until_step,
                            -1 if self.last_span_step is None else self.last_span_step)
         soon = self.span_soon_step is not None and step >= self.span_soon_step
@@ -402,7 +403,7 @@ class FlexibleController:
             # use and the span's end), not on what the probe measured at other sizes
             in_use = self.payload_bytes(k_for(self.span_base_cr, self.numel))
             for kind, _, _ in samples:
-                if kind in in_use and not (kind == "allgather" and path == "allreduce"):
+                if not (kind == "allgather" and path == "allreduce"):  # VAR's norm allgather
                     self.model.fits[kind].keep_sizes({in_use[kind]})
             self.span_fed = True
         for kind, nbytes, ms in samples:

@@ -130,14 +130,14 @@ class _FlexMethods(torch.optim.Optimizer):
         hvd = self._flex_hvd
         mode = self._flex_mode
         average = self.op == hvd.Average
-        numel = sum(m.numel for m in self._flex_messages)
         return StepConfig(
             step=self._flex_step, rank=self.process_set.rank(), size=self.process_set.size(),
             cr=self._flex_cr, path=self._flex_path(), selector=getattr(mode, "selector", "star"),
             average=average, predivide=self.gradient_predivide_factor if average else 1.0,
             process_set=self.process_set, hvd=hvd, control=self._flex_control,
             agreement=self._flex_agreement_hash(),
-            name_suffix="" if self._flex_role is None else f".span{k_for(self._flex_cr, numel)}")
+            name_suffix="" if self._flex_role is None else
+            f".span{k_for(self._flex_cr, self._flex_controller.numel)}")
 
     def _flex_fingerprint(self) -> dict:
         names = [self._parameter_names.get(p) for m in self._flex_messages for p in m.params]
