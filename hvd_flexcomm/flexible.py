@@ -104,21 +104,27 @@ class FlexibleController:
         #: allreduce when the allreduce fit predicts it cheaper.
         self.dense_until_step = 0
         # Adaptive's span steps (see :meth:`step_cr`): the CR and steps left of the span under
-        # way, its start, the predictions at both ends of the candidates before it (None once it
-        # counted as a move), the predicted extra ms of all spans (shared, in the budget with the
-        # refreshes), the sizes (k) whose names this process used (a new process negotiates them
-        # again, so they are not checkpointed), the counts of span steps and of spans that moved
-        # the model
+        # way, its start, the predictions at both ends of the candidates before it, the predicted
+        # extra ms of all spans (shared, in the budget with the refreshes), the sizes (k) whose
+        # names this process used (a new process negotiates them again, so they are not
+        # checkpointed), the counts of span steps, of spans that moved the model and of spans
+        # whose timings confirmed it
         self.span_cr: Optional[float] = None
         self.span_base_cr: Optional[float] = None  # the CR in use when the span started
-        self.span_fed = False  # a sample of the span under way reached the fits
+        self.span_path: Optional[str] = None  # the path the span runs on
         self.span_left = 0
+        #: a span started and is not judged yet (its last step's timings arrive a step later)
+        self.span_open = False
+        self.span_observed = 0  # steps of the open span whose timings arrived (cold included)
+        #: the timed samples of the open span's steps: [(kind, bytes, ms), ...] per step
+        self.span_samples: list = []
         self.last_span_step: Optional[int] = None
         self.span_before_ms: Optional[dict] = None
         self.span_ms_total = 0.0
         self.spanned_ks: set = set()
         self.n_span_steps = 0
         self.n_span_moves = 0
+        self.n_span_confirms = 0
         #: after a drift probe (Adaptive with spans): the step from which a span is due at once,
         #: and whether the span under way is that one (it counts as a recalibration whatever it
         #: measures: the first look at the slopes of the new network)
@@ -263,6 +269,7 @@ class FlexibleController:
         self.recent_steps.clear()
         self.drift.reset()
         self.router.reset()  # re-decide from scratch on a recalibrated model
+        self._end_span()  # a span under way measured the model this probe replaced
 
     @property
     def probe_due(self) -> bool:
@@ -286,21 +293,21 @@ class FlexibleController:
         itself and role None, or a span step's CR and role ``"span"`` (``"cold"`` for the first
         step at a size never spanned before: Horovod negotiates its new names, so its timing is
         not fed to the fits). See ``Adaptive.span_steps``; needs candidate CRs (``probe_crs``).
-        The first fed sample of a span drops the samples of its kinds at every size but the one
-        in use (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`): from then on the
-        path's lines rest on real steps, the CR in use and the span's end.
+        When the last span step's timings arrive, the span is judged (:meth:`_close_span`): its
+        timings either confirm the model (and are dropped) or replace what the probes measured
+        at other sizes than the one in use.
 
         A span starts when ``span_every`` steps have passed since the last probe, the end of
-        the warm-up and the last span start, no probe is due and the path is sparse; its CR is
-        the end of ``probe_crs`` at least :data:`SPAN_MIN_RATIO` times away from ``cr`` (in k)
-        with the lower predicted extra time on the path in use (zero when it is cheaper than
-        ``cr``), and it runs only within the budget (:meth:`_within_budget`). Pure function of
-        shared state: every rank returns the same."""
+        the warm-up and the last span start, no probe is due, the last span was judged and the
+        path is sparse; its CR is the end of ``probe_crs`` at least :data:`SPAN_MIN_RATIO`
+        times away from ``cr`` (in k) with the lower predicted extra time on the path in use
+        (zero when it is cheaper than ``cr``), and it runs only within the budget
+        (:meth:`_within_budget`). Pure function of shared state: every rank returns the same."""
         if self.span_left > 0:
             self.span_left -= 1
             self.n_span_steps += 1
             return self.span_cr, "span"
-        if (not self.spans_on or self.path not in PATHS or self.probe_due
+        if (not self.spans_on or self.path not in PATHS or self.probe_due or self.span_open
                 or step < self.dense_until_step):
             return cr, None
         n = int(self.mode.span_steps)
@@ -326,7 +333,8 @@ class FlexibleController:
         self.span_ms_total += extra_ms
         self.span_after_drift, self.span_soon_step = soon, None
         self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
-        self.span_base_cr, self.span_fed = cr, False
+        self.span_base_cr, self.span_path, self.span_open = cr, self.path, True
+        self.span_observed, self.span_samples = 0, []
         self.span_before_ms = self._span_ends_ms()
         self.n_span_steps += 1
         k_end = k_for(end, self.numel)
@@ -378,8 +386,9 @@ class FlexibleController:
         """Feed the previous step's timings (``control`` as received in the payload: path code,
         then the first-collective, second-collective and VAR allgather ms, each the minimum over
         ranks) to the fits and the drift detector. ``role``: the step's role from
-        :meth:`step_cr`: a ``"span"`` step feeds the fits only, a ``"cold"`` one neither (both
-        count in the measured communication)."""
+        :meth:`step_cr`: a ``"span"`` step's timings are kept for the span's judgement
+        (:meth:`_close_span`) and never reach the drift detector, a ``"cold"`` one's are not
+        timed into anything (both count in the measured communication)."""
         code = float(control[PATH_SLOT])
         t1, t2, t_var = (float(control[slot]) for slot in TIMING_SLOTS)
         path = _PATH_OF_CODE.get(code)
@@ -396,21 +405,11 @@ class FlexibleController:
                 samples.append(("allgather", 8, t_var))
         measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
-        if role == "cold":
+        if role in ("span", "cold"):
+            self._observe_span_step(samples, cr, path, role)
             return
-        if role == "span" and not self.span_fed and self.span_base_cr is not None:
-            # the span's first sample: its kinds' lines now rest on real steps only (the CR in
-            # use and the span's end), not on what the probe measured at other sizes
-            in_use = self.payload_bytes(k_for(self.span_base_cr, self.numel))
-            for kind, _, _ in samples:
-                if not (kind == "allgather" and path == "allreduce"):  # VAR's norm allgather
-                    self.model.fits[kind].keep_sizes({in_use[kind]})
-            self.span_fed = True
         for kind, nbytes, ms in samples:
             self.model.observe(kind, nbytes, ms)
-        if role == "span":
-            self._judge_span(cr, path)
-            return
         self.recent_steps.append(samples)
         if (path, k) != self.drift_key:
             self.drift.clear_history()  # another path or size: its timings have their own range
@@ -429,28 +428,87 @@ class FlexibleController:
                      f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms",
                      self.drift.patience, "full" if self.full_probe_due else "drift")
 
-    def _span_ends_ms(self) -> dict:
-        """Predicted ms of the path in use at both ends of the candidate CRs."""
-        return {c: self.predict(c)[self.path] for c in (min(self.probe_crs), max(self.probe_crs))}
+    def _span_ends_ms(self, path: Optional[str] = None) -> dict:
+        """Predicted ms of ``path`` (default: the path in use) at both ends of the candidate
+        CRs."""
+        path = path or self.path
+        return {c: self.predict(c)[path] for c in (min(self.probe_crs), max(self.probe_crs))}
 
-    def _judge_span(self, cr: float, path: str) -> None:
-        """After a span step's timings: if the prediction at either end of the candidates moved
-        by more than ``drift_threshold`` since the span started, count one model change (once
-        per span)."""
-        before = self.span_before_ms
-        if before is None or cr != self.span_cr or path != self.path:
+    def _observe_span_step(self, samples: list, cr: float, path: str, role: str) -> None:
+        """One span step's timings (``role`` "span" or "cold"): kept until the span's last step
+        arrives, then judged (:meth:`_close_span`). Timings of a step that belongs to no open
+        span (its span was abandoned by a probe) are dropped."""
+        if not self.span_open or cr != self.span_cr:
             return
-        after = self._span_ends_ms()
+        self.span_observed += 1
+        if role == "span" and path == self.span_path:
+            self.span_samples.append(samples)
+        if self.span_observed >= int(self.mode.span_steps):
+            self._close_span()
+
+    def _close_span(self) -> None:
+        """Judge a span from its timed steps, against what the model predicted at its CR (on the
+        span's path) when it started:
+
+        - **confirmed**: some timed step lies within ``drift_threshold`` of the prediction, or
+          the steps lie on both sides of it. The timings are dropped and the model is kept. A
+          line through the recent steps at the CR in use and a few steps at ``c_low`` has a
+          short base (the CR in use is a few times ``c_low``, the far end tens of times) and the
+          timings on that base are noisy (TCP at 100 Mbit/s, 5 ms one way: the same CR's steps
+          took 95-143 ms, and the CR in use and ``c_low`` differ by 10-30 ms), so fitting them
+          re-tilted the slope at every span, and the chord over the small sizes, where latency
+          dominates, is flatter than the one the start-up probe measured over the whole range;
+        - **off** (every timed step beyond ``drift_threshold`` of the prediction, on the same
+          side), or the span that follows a drift probe: the span's kinds drop their samples at
+          every size but the one in use
+          (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`) and take the span's
+          timings: the path's line rests on real steps, the CR in use and the span's end. If
+          that moved the prediction at either end of the candidates by more than
+          ``drift_threshold`` (or the span follows drift), the model counts one change
+          (:attr:`model_version`) and Adaptive re-optimises."""
+        before, timed = self.span_before_ms, self.span_samples
+        after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
+        self._end_span()
+        if before is None or not timed or cr not in before:
+            return
+        expected = before[cr]
+        measured = [sum(ms for _, _, ms in step_samples) for step_samples in timed]
+        thr = self.mode.drift_threshold
+        off = (all(m > (1.0 + thr) * expected for m in measured)
+               or all(m < (1.0 - thr) * expected for m in measured))
+        shown = ", ".join(f"{m:.1f}" for m in measured)
+        if not (off or after_drift):
+            self.n_span_confirms += 1
+            log.info("hvd_flexcomm: the span at cr %g confirmed the model: measured %s ms on the "
+                     "%s, predicted %.1f ms (within %.0f%% or on both sides)", cr, shown, path,
+                     expected, 100 * thr)
+            return
+        in_use = self.payload_bytes(k_for(self.span_base_cr, self.numel))
+        for kind, _, _ in timed[0]:
+            if not (kind == "allgather" and path == "allreduce"):  # VAR's norm allgather
+                self.model.fits[kind].keep_sizes({in_use[kind]})
+        for step_samples in timed:
+            for kind, nbytes, ms in step_samples:
+                self.model.observe(kind, nbytes, ms)
+        after = self._span_ends_ms(path)
         moved = {c: abs(after[c] - ms) / max(ms, 1e-9) for c, ms in before.items()}
         end = max(moved, key=moved.get)
-        if moved[end] > self.mode.drift_threshold or self.span_after_drift:
+        if moved[end] > thr or after_drift:
             self.n_span_moves += 1
-            self.span_before_ms = None
-            log.info("hvd_flexcomm: the span at cr %g %s the predicted %s time at cr %g "
-                     "%.1f -> %.1f ms (%.0f%%): model recalibrated", cr,
-                     "after drift moved" if self.span_after_drift else "moved", path, end,
-                     before[end], after[end], 100 * moved[end])
-            self.span_after_drift = False
+            log.info("hvd_flexcomm: the span at cr %g (measured %s ms on the %s, predicted %.1f "
+                     "ms)%s moved the predicted time at cr %g %.1f -> %.1f ms (%.0f%%): model "
+                     "recalibrated", cr, shown, path, expected,
+                     " after drift" if after_drift else "", end, before[end], after[end],
+                     100 * moved[end])
+
+    def _end_span(self) -> None:
+        """Close the span state (judged, or abandoned by a probe)."""
+        self.span_left = 0
+        self.span_open = False
+        self.span_samples = []
+        self.span_observed = 0
+        self.span_before_ms = None
+        self.span_after_drift = False
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -462,7 +520,8 @@ class FlexibleController:
                 "step_comm_ms_total": self.step_comm_ms_total,
                 "span_ms_total": self.span_ms_total, "last_span_step": self.last_span_step,
                 "n_span_steps": self.n_span_steps,
-                "n_span_moves": self.n_span_moves, "span_soon_step": self.span_soon_step}
+                "n_span_moves": self.n_span_moves, "n_span_confirms": self.n_span_confirms,
+                "span_soon_step": self.span_soon_step}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -482,5 +541,6 @@ class FlexibleController:
         self.last_span_step = state.get("last_span_step")
         self.n_span_steps = int(state.get("n_span_steps", 0))
         self.n_span_moves = int(state.get("n_span_moves", 0))
+        self.n_span_confirms = int(state.get("n_span_confirms", 0))
         self.span_soon_step = state.get("span_soon_step")
         self.full_probe_due = not self.model.is_calibrated()

@@ -1,6 +1,7 @@
 """FlexibleController logic on synthetic timings (pure: no Horovod, no network)."""
 
 import math
+import statistics
 
 import pytest
 
@@ -264,7 +265,7 @@ def test_full_probes_after_drift_warm_up_every_op_again():
     assert flex.probe_warm_up("full") == (True, None)
 
 
-def _span_ctrl(**kw):
+def _span_ctrl(ag_ms_per_byte=1e-6, **kw):
     """A controller with Adaptive's candidate CRs, calibrated on allgather ``1 + 1e-6·bytes`` ms
     (AR 10^4 times dearer per byte), at CR 0.01 on the allgather."""
     from hvd_flexcomm import Adaptive
@@ -272,7 +273,7 @@ def _span_ctrl(**kw):
     mode = Adaptive(cr=0.01, reprobe_interval=0, drift_patience=3, **kw)
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     ctrl.probe_crs = (0.1, 0.01, 0.001)
-    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=ag_ms_per_byte, ar_ms_per_byte=1e-2)
     assert ctrl.decide(0, 0.01) == "allgather"
     return ctrl
 
@@ -286,12 +287,22 @@ def test_span_steps_run_at_the_cheaper_far_end_every_span_every_steps():
     the candidates that costs no extra time (c_low here), then the CR in use again; the first
     span at a size is "cold" (its names are negotiated), later ones are not."""
     ctrl = _span_ctrl(span_steps=2, span_every=10)
-    crs = [ctrl.step_cr(step, 0.01) for step in range(0, 25)]
+    crs = []
+    for step in range(0, 25):
+        crs.append(ctrl.step_cr(step, 0.01))
+        if step > 0:  # the previous step's timings arrive with this one, as predicted
+            cr, role = crs[-2]
+            ctrl.observe_step(_ag_control(ctrl.predict(cr)["allgather"]), cr, role)
     assert crs[:10] == [(0.01, None)] * 10
     assert crs[10:12] == [(0.001, "cold"), (0.001, "span")]
     assert crs[12:20] == [(0.01, None)] * 8
     assert crs[20:22] == [(0.001, "span"), (0.001, "span")]
     assert ctrl.n_span_steps == 4 and ctrl.span_ms_total == 0.0  # c_low is cheaper: free
+    assert (ctrl.n_span_confirms, ctrl.n_span_moves, ctrl.span_open) == (2, 0, False)
+    # a span whose last timings have not arrived keeps the next one from starting
+    late = _span_ctrl(span_steps=2, span_every=10)
+    assert [late.step_cr(s, 0.01)[1] for s in (10, 11)] == ["cold", "span"]
+    assert all(late.step_cr(s, 0.01) == (0.01, None) for s in range(12, 40))
     # at c_low the far end is c_high (k 100x away), and it costs extra time: it waits for the
     # budget (2% of the measured communication; none measured yet)
     ctrl2 = _span_ctrl(span_steps=2, span_every=10)
@@ -387,3 +398,71 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
     assert ctrl.model_version == version + 1 and ctrl.span_soon_step is None
     assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
+
+
+def _run_span(ctrl, start, measured_ms):
+    """Run one span from ``start`` (its steps' CR from step_cr), feeding ``measured_ms`` per
+    timed step (the first step at a new size is cold: fed something absurd, never used)."""
+    roles = []
+    for i in range(ctrl.mode.span_steps):
+        cr, role = ctrl.step_cr(start + i, 0.01)
+        roles.append(role)
+    timed = iter(measured_ms)
+    for role in roles:
+        ms = 1e6 if role == "cold" else next(timed)
+        ctrl.observe_step(_ag_control(ms), cr, role)
+    return cr, roles
+
+
+@pytest.mark.parametrize("factors, confirmed", [
+    ((0.85, 1.2), True),           # within drift_threshold (25%) of the prediction
+    ((2.2, 0.9, 0.8), True),       # one outlier: the others are within
+    ((1.6, 0.6, 1.5), True),       # off on both sides: noise
+    ((1.5, 1.4, 1.6), False),      # every step off on the same side: the model was wrong there
+    ((0.5, 0.6), False),
+])
+def test_a_span_confirms_the_model_or_recalibrates_it(factors, confirmed):
+    """A span's timings are judged against the prediction at its CR: when they confirm it (some
+    step within drift_threshold, or steps on both sides) they are dropped and the probe's slope
+    (measured over the whole range) stays; when every step is off on the same side, the line is
+    refitted through the steps at the CR in use and the span's end, and a move is counted."""
+    ctrl = _span_ctrl(ag_ms_per_byte=1e-4, span_steps=len(factors) + 1, span_every=5)
+    for _ in range(1, 5):
+        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    fit = ctrl.model.fits["allgather"]
+    before = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.01, 0.001)}
+    slope, n_samples = fit.b_ms_per_byte, fit.n_samples
+    expected = before[0.001]
+    cr, roles = _run_span(ctrl, 5, [f * expected for f in factors])
+    assert cr == 0.001 and roles == ["cold"] + ["span"] * len(factors)
+    assert not ctrl.span_open and ctrl.n_span_steps == len(factors) + 1
+    if confirmed:
+        assert (ctrl.n_span_confirms, ctrl.n_span_moves) == (1, 0)
+        assert fit.n_samples == n_samples and fit.b_ms_per_byte == slope
+        assert {c: ctrl.predict(c)["allgather"] for c in before} == before
+    else:
+        assert ctrl.n_span_confirms == 0 and ctrl.n_span_moves == 1
+        assert fit.n_sizes == 2  # the steps at 0.01 and the span's end: the probe's are gone
+        # the line runs through the span's median at its end and the steps at the CR in use
+        median = statistics.median(factors) * expected
+        assert ctrl.predict(0.001)["allgather"] == pytest.approx(median, rel=1e-6)
+        assert ctrl.predict(0.01)["allgather"] == pytest.approx(before[0.01], rel=1e-6)
+    assert not ctrl.probe_due and ctrl.drift.count == 0
+
+
+def test_a_probe_abandons_the_span_under_way():
+    """A drift probe while a span is open (its last timings not in yet) ends the span unjudged;
+    timings of its steps that arrive later are dropped, and spans resume afterwards."""
+    ctrl = _span_ctrl(span_steps=3, span_every=5)
+    assert [ctrl.step_cr(s, 0.01)[1] for s in (5, 6)] == ["cold", "span"]
+    ctrl.drift_probe_due = True  # as when the step before the span fired the drift detector
+    _probe(ctrl, 7, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    assert not ctrl.span_open and ctrl.span_left == 0
+    fit = ctrl.model.fits["allgather"]
+    state = fit.samples
+    ctrl.observe_step(_ag_control(1e3), 0.001, "span")  # a straggler of the abandoned span
+    assert fit.samples == state and ctrl.n_span_moves == ctrl.n_span_confirms == 0
+    ctrl.decide(7, 0.01)
+    assert ctrl.step_cr(7, 0.01) == (0.01, None)  # the span after drift waits to settle
+    roles = [ctrl.step_cr(s, 0.01)[1] for s in range(8, 40)]
+    assert "span" in roles
