@@ -542,5 +542,6 @@ class FlexibleController:
         self.n_span_steps = int(state.get("n_span_steps", 0))
         self.n_span_moves = int(state.get("n_span_moves", 0))
         self.n_span_confirms = int(state.get("n_span_confirms", 0))
+        self._end_span()  # a span under way is not resumed (its timings were this process's)
         self.span_soon_step = state.get("span_soon_step")
         self.full_probe_due = not self.model.is_calibrated()
