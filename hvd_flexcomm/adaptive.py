@@ -4,14 +4,19 @@ Who does what:
 
 - **every rank** follows the same CR schedule: the warm-up ramp (a pure function of the step), then
   whatever rank 0 announced. An announcement is one small broadcast from rank 0 (mpi4py's
-  ``bcast`` under an MPI controller, ``hvd.broadcast_object`` under Gloo) at the start of a step
-  that is a multiple of ``sync_every``, on every rank, so a new CR takes effect at the same step
-  everywhere. It happens **only when rank 0 has a new CR**: rank 0 raises the announce flag in the
-  control entries of its step payload (``sync.py``) once a solve has finished, every rank receives
-  the flag with that step's collective, and the next multiple of ``sync_every`` after it runs the
-  broadcast on every rank (no broadcast, no network round trip, on the other steps: at 5 ms one
-  way and N=4 a ``hvd.broadcast_object`` costs 0.23–0.31 s). A solved CR within ``min_cr_change`` of
-  the current one is not announced at all (rank 0 keeps it as ``last_result``);
+  ``bcast`` under an MPI controller, ``hvd.broadcast_object`` under Gloo), started at a step that
+  is a multiple of ``sync_every`` on every rank and run **in flight** on a helper thread while
+  that step's collectives and the next step's computation go on; its CR takes effect at the
+  announced step, the first multiple of ``sync_every`` at least :data:`ANNOUNCE_LAG_STEPS` steps
+  later, on every rank (each rank waits there for the broadcast, which has long finished). A
+  blocking broadcast cost the step 0.23–0.31 s at 5 ms one way and N=4 and about 1.2 s at 25 ms
+  one way (``docs/performance/horovod_op_cost.md``, ``adaptive_span_steps.md``). It happens
+  **only when rank 0 has a new CR**: rank 0 raises the announce flag in the control entries of
+  its step payload (``sync.py``) once a solve has finished, every rank receives the flag with
+  that step's collective, and the next multiple of ``sync_every`` after it starts the broadcast
+  on every rank (no broadcast, no network round trip, on the other steps). A solved CR within
+  ``min_cr_change`` of the current one is not announced at all (rank 0 keeps it as
+  ``last_result``);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
   the calibrated cost model (the cheaper path at each CR), adds its compression time (fitted
@@ -42,7 +47,8 @@ from .gains import GainTracker, gains_at_crs
 from .moo import Curve, MooResult, fit_comm_curve, preload, solve_cr
 from .topk import TopkWorkspace
 
-__all__ = ["AdaptiveController", "compression_curve", "warmup_cr"]
+__all__ = ["ANNOUNCE_LAG_STEPS", "AdaptiveController", "announced_step", "compression_curve",
+           "warmup_cr"]
 
 #: How many recent steps' time outside communication the median of ``other_ms`` is taken over.
 OTHER_MS_WINDOW = 32
@@ -52,6 +58,10 @@ COMPRESS_WINDOW = 16
 COMPRESS_CRS = 8
 #: A CR's compression times enter the fit once this many of its steps were measured.
 COMPRESS_MIN_SAMPLES = 3
+#: An announced CR takes effect this many steps (at least; then at a multiple of ``sync_every``)
+#: after its broadcast started: the broadcast runs while the step it started at and the next
+#: step's computation go on.
+ANNOUNCE_LAG_STEPS = 2
 
 log = logging.getLogger("hvd_flexcomm.adaptive")
 
@@ -65,6 +75,14 @@ def warmup_cr(step: int, warmup_steps: int, target_cr: float, every: int = 1) ->
     block_start = (step // every) * every
     frac = block_start / warmup_steps
     return 1.0 + (target_cr - 1.0) * frac
+
+
+def announced_step(start_step: int, sync_every: int, lag: int = ANNOUNCE_LAG_STEPS) -> int:
+    """The step at which a CR whose broadcast started at ``start_step`` takes effect: the first
+    multiple of ``sync_every`` at least ``lag`` steps later. Pure function."""
+    if sync_every < 1 or lag < 1:
+        raise ValueError(f"need sync_every >= 1 and lag >= 1, got {sync_every}, {lag}")
+    return start_step + sync_every * -(-lag // sync_every)
 
 
 def compression_curve(samples: Mapping[float, Sequence[float]],
@@ -124,6 +142,11 @@ class AdaptiveController:
         self.last_announce_step: Optional[int] = None
         self.n_kept = 0  # rank 0: solved CRs not announced (within min_cr_change of the CR)
         self._pending: Optional[float] = None  # rank 0: a solved CR waiting for its announcement
+        #: the broadcast of an announcement in flight (every rank) and the step it takes effect
+        self._announcement: Optional[Future] = None
+        self.announce_effective_step: Optional[int] = None
+        self._offered: Optional[float] = None  # rank 0: the CR in flight
+        self._announcer: Optional[ThreadPoolExecutor] = None
         self._executor: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
         self._mpi_comm = self._mpi_channel()
@@ -170,33 +193,50 @@ class AdaptiveController:
         return self._pending is not None
 
     def cr_for_step(self, step: int, announce_flag: bool) -> float:
-        """The CR of ``step`` (identical on every rank); runs the announcement when one is due:
-        ``step`` is a multiple of ``sync_every`` and ``announce_flag`` (rank 0's flag as received
-        with the latest step payload: the same value on every rank) is set. The flag is a step
-        late: the payload of step ``s`` carries what rank 0 knew at the end of step ``s - 1``, so
-        the flag seen at the step right after an announcement predates it and is ignored."""
+        """The CR of ``step`` (identical on every rank). Takes the CR of an announcement whose
+        step has come (waiting for its broadcast if it has not finished), then starts the
+        broadcast of a new one when one is due: ``step`` is a multiple of ``sync_every``,
+        ``announce_flag`` (rank 0's flag as received with the latest step payload: the same value
+        on every rank) is set and no announcement is in flight. The flag is a step late: the
+        payload of step ``s`` carries what rank 0 knew at the end of step ``s - 1``, so the flag
+        seen at the step right after an announcement started predates it and is ignored."""
         mode = self.mode
         if step < mode.warmup_steps:
             self.cr = warmup_cr(step, mode.warmup_steps, mode.cr, mode.sync_every)
             return self.cr
         if self.announced_cr is None:
             self.cr = mode.cr  # warm-up over (or none): hold the starting CR until a solve
-        # the flag received right after an announcement at step a was raised at the end of step
-        # a - 1, before that announcement took the result: stale, whatever sync_every is
+        if self._announcement is not None and step >= self.announce_effective_step:
+            self._take_announcement(step)
+        # the flag received right after an announcement started at step a was raised at the end
+        # of step a - 1, before that announcement took the result: stale, whatever sync_every is
         stale = self.last_announce_step is not None and step == self.last_announce_step + 1
-        if step % mode.sync_every == 0 and announce_flag and not stale:
+        if (step % mode.sync_every == 0 and announce_flag and not stale
+                and self._announcement is None):
             self.n_announcements += 1
             self.last_announce_step = step
             offer = self._ready_result() if self.rank == 0 else None
-            new_cr = self._broadcast(offer)
-            if new_cr is not None and new_cr != self.cr:
-                log.info("hvd_flexcomm: step %d: compression ratio %g -> %g (announced over %s)",
-                         step, self.cr, new_cr, self.channel)
-                self.changes.append((step, new_cr))
-                self.cr = new_cr
-            if new_cr is not None:
-                self.announced_cr = new_cr
+            self._offered = offer
+            self.announce_effective_step = announced_step(step, mode.sync_every)
+            if self._announcer is None:
+                self._announcer = ThreadPoolExecutor(max_workers=1,
+                                                     thread_name_prefix="hvd_flexcomm-announce")
+            self._announcement = self._announcer.submit(self._broadcast, offer)
         return self.cr
+
+    def _take_announcement(self, step: int) -> None:
+        """The announced CR takes effect at ``step`` (every rank: the broadcast's result). A
+        failed broadcast raises here, on every rank (the collective failed everywhere)."""
+        future, self._announcement = self._announcement, None
+        new_cr = future.result()
+        self._offered = None
+        if new_cr is not None and new_cr != self.cr:
+            log.info("hvd_flexcomm: step %d: compression ratio %g -> %g (announced over %s at "
+                     "step %d)", step, self.cr, new_cr, self.channel, self.last_announce_step)
+            self.changes.append((step, new_cr))
+            self.cr = new_cr
+        if new_cr is not None:
+            self.announced_cr = new_cr
 
     def _ready_result(self) -> Optional[float]:
         """Rank 0: the solved CR to announce now (None: nothing new); consumed."""
@@ -216,10 +256,12 @@ class AdaptiveController:
         self.last_result = result
         log.info("hvd_flexcomm: %s", result.explain())
         cr = _round_cr(result.cr)
-        if abs(cr - self.cr) < self.mode.min_cr_change * self.cr:
+        current = self._offered if self._offered is not None else self.cr  # in flight: its CR
+        if abs(cr - current) < self.mode.min_cr_change * current:
             self.n_kept += 1
             log.info("hvd_flexcomm: keeping cr=%g: the solved %g is within %g%% of it "
-                     "(min_cr_change), no announcement", self.cr, cr, 100 * self.mode.min_cr_change)
+                     "(min_cr_change), no announcement", current, cr,
+                     100 * self.mode.min_cr_change)
             return None
         return cr
 
@@ -350,6 +392,15 @@ class AdaptiveController:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._announcer is not None:  # a broadcast in flight finishes (every rank runs it)
+            self._announcer.shutdown(wait=True)
+
+    def _announcement_in_flight(self) -> Optional[list]:
+        """``[effective step, cr]`` of the announcement in flight (waits for its broadcast,
+        which every rank runs), or None."""
+        if self._announcement is None:
+            return None
+        return [self.announce_effective_step, self._announcement.result()]
 
     # -- checkpoints ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -359,6 +410,7 @@ class AdaptiveController:
                 "last_other_ms": self.last_other_ms, "other_samples_ms": list(self.other_samples_ms),
                 "compress_samples_ms": [[c, list(v)] for c, v in self.compress_samples_ms.items()],
                 "last_announce_step": self.last_announce_step,
+                "announcement_in_flight": self._announcement_in_flight(),
                 "n_announcements": self.n_announcements, "n_kept": self.n_kept,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
                                                        "gain": r.gain, "curves": r.curves,
@@ -376,5 +428,11 @@ class AdaptiveController:
                                     for c, v in state.get("compress_samples_ms", [])}
         self.changes = [tuple(c) for c in state.get("changes", [])]
         self.last_announce_step = state.get("last_announce_step")
+        in_flight = state.get("announcement_in_flight")
+        self._announcement = self.announce_effective_step = None
+        if in_flight is not None:  # it takes effect at its step, as on the ranks that saved it
+            self._announcement = Future()
+            self._announcement.set_result(in_flight[1])
+            self.announce_effective_step = int(in_flight[0])
         self.n_announcements = int(state.get("n_announcements", 0))
         self.n_kept = int(state.get("n_kept", 0))

@@ -226,10 +226,13 @@ class Adaptive(Flexible):
     (``pop_size``, ``n_gen``) in a background thread, picking one point with an ASF of
     ``weights`` (time, gain). A new CR is announced at the first multiple of ``sync_every``
     after rank 0 flagged it in a step payload (one broadcast: mpi4py under MPI,
-    ``hvd.broadcast_object`` under Gloo; none while there is nothing new) and takes effect at
-    that same step on every rank. The CR changes only at multiples of ``sync_every`` (steps):
-    announcements and the blocks of the warm-up ramp; the default 1 takes a solved CR at the
-    step after it is ready (the flag rides in the step payload, so waiting costs nothing).
+    ``hvd.broadcast_object`` under Gloo; none while there is nothing new). The broadcast runs
+    in flight, on a helper thread, while training goes on, and the CR takes effect on every rank
+    at the first multiple of ``sync_every`` at least 2 steps later
+    (``adaptive.ANNOUNCE_LAG_STEPS``). The CR changes only at multiples of ``sync_every``
+    (steps): announcements and the blocks of the warm-up ramp; with the default 1 a solved CR
+    is in use 3 steps after it is ready (the flag rides in the step payload, so waiting costs
+    nothing).
 
     - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.

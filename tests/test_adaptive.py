@@ -407,10 +407,15 @@ def test_announcements_run_only_when_rank0_flags_a_finished_solve():
     ctrl._future.result(timeout=60)
     assert ctrl.announce_ready()
     assert ctrl.cr_for_step(14, announce_flag=True) == 0.1  # not a multiple of sync_every
-    new_cr = ctrl.cr_for_step(15, announce_flag=True)
-    assert len(sent) == 1 and sent[0] == new_cr and ctrl.n_announcements == 1
-    assert ctrl.changes == ([(15, new_cr)] if new_cr != 0.1 else [])
+    assert ctrl.cr_for_step(15, announce_flag=True) == 0.1  # the broadcast starts, in flight
+    ctrl._announcement.result(timeout=10)
+    assert len(sent) == 1 and ctrl.n_announcements == 1 and ctrl.announce_effective_step == 20
     assert not ctrl.announce_ready()  # the result was consumed by the announcement
+    # it takes effect at the next multiple of sync_every at least ANNOUNCE_LAG_STEPS later
+    assert all(ctrl.cr_for_step(s, announce_flag=True) == 0.1 for s in range(16, 20))
+    new_cr = ctrl.cr_for_step(20, announce_flag=False)
+    assert new_cr == sent[0] and ctrl.changes == ([(20, new_cr)] if new_cr != 0.1 else [])
+    assert ctrl.n_announcements == 1  # the flags while in flight started no second broadcast
     ctrl.close()
 
 
@@ -427,11 +432,13 @@ def test_flag_raised_before_an_announcement_does_not_announce_again():
     ctrl._future.result(timeout=60)
     ctrl.cr_for_step(3, announce_flag=True)  # the flag raised at the end of step 1
     ctrl.cr_for_step(4, announce_flag=True)  # raised at the end of step 2: stale
+    assert ctrl.cr_for_step(5, announce_flag=False) == sent[0]  # in effect 2 steps after 3
     assert len(sent) == 1 and sent[0] is not None and ctrl.n_announcements == 1
     version["v"] += 1  # the network was recalibrated: a new solve
     ctrl.observe(5, g)
     ctrl._future.result(timeout=60)
     ctrl.cr_for_step(7, announce_flag=True)
+    ctrl._announcement.result(timeout=10)
     assert len(sent) == 2 and sent[1] is not None and ctrl.n_announcements == 2
     ctrl.close()
 
@@ -458,12 +465,46 @@ def test_solved_cr_close_to_the_current_one_is_not_announced(caplog):
     assert ctrl.cr_for_step(1, announce_flag=False) == 0.1 and sent == []
     ctrl._future = _finished(0.0899)  # 10.1% below: announced
     assert ctrl.announce_ready() and ctrl.announce_ready()  # stays raised until announced
-    assert ctrl.cr_for_step(2, announce_flag=True) == 0.0899
-    assert sent == [0.0899] and ctrl.changes == [(2, 0.0899)] and not ctrl.announce_ready()
-    ctrl._future = _finished(0.0981)  # measured from the new CR: +9.1%, kept
+    assert ctrl.cr_for_step(2, announce_flag=True) == 0.1  # its broadcast starts
+    assert not ctrl.announce_ready()
+    # a solve that finishes while the announcement is in flight is compared with its CR
+    ctrl._future = _finished(0.0981)  # +9.1% from the CR in flight: kept
     assert not ctrl.announce_ready() and ctrl.n_kept == 2
-    ctrl.cr_for_step(3, announce_flag=False)
+    assert ctrl.cr_for_step(3, announce_flag=False) == 0.1
+    assert ctrl.cr_for_step(4, announce_flag=False) == 0.0899  # announced at 2, in effect at 4
+    assert sent == [0.0899] and ctrl.changes == [(4, 0.0899)]
+    ctrl.cr_for_step(5, announce_flag=False)
     assert ctrl.cr == 0.0899 and ctrl.n_announcements == 1
+
+
+def test_announced_step_is_the_next_multiple_of_sync_every_after_the_lag():
+    from hvd_flexcomm.adaptive import ANNOUNCE_LAG_STEPS, announced_step
+
+    assert ANNOUNCE_LAG_STEPS == 2
+    assert [announced_step(s, 1) for s in (0, 3, 10)] == [2, 5, 12]
+    assert [announced_step(s, 5) for s in (0, 15)] == [5, 20]
+    assert announced_step(4, 2) == 6 and announced_step(4, 3, lag=4) == 10
+    with pytest.raises(ValueError, match="sync_every"):
+        announced_step(3, 0)
+
+
+def test_a_checkpoint_keeps_the_announcement_in_flight():
+    """A state saved while an announcement's broadcast is in flight holds its CR and step: the
+    resumed run takes it at that step, as the ranks that did not stop."""
+    ctrl, _ = _controller(sync_every=1, min_cr_change=0.0)
+    ctrl._broadcast = lambda obj: obj
+    ctrl._future = _finished(0.02)
+    assert ctrl.announce_ready()
+    ctrl.cr_for_step(7, announce_flag=True)
+    state = ctrl.to_dict()
+    assert state["announcement_in_flight"] == [9, 0.02]
+    other, _ = _controller(sync_every=1)
+    other.load_dict(state)
+    assert other.cr_for_step(8, announce_flag=False) == 0.1
+    assert other.cr_for_step(9, announce_flag=False) == 0.02 and other.changes == [(9, 0.02)]
+    assert ctrl.cr_for_step(9, announce_flag=False) == 0.02 and ctrl.changes == other.changes
+    assert other.to_dict()["announcement_in_flight"] is None
+    ctrl.close()
 
 
 def _timed_plan(flex, step, cr, lines):
