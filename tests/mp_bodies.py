@@ -402,7 +402,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                             named_parameters=model.named_parameters(),
                                             compression=mode)
-    crs, paths, spans, step_end = [], [], [], []
+    crs, paths, spans, probes, step_end = [], [], [], [], []
     ctrl = opt._flex_adaptive
     step = 0
     # a fixed number of steps, then on until the solver's CR is announced (a busy machine may
@@ -415,13 +415,14 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
         crs.append(opt.last_stats["cr"])
         paths.append(opt.last_stats["collective"])
         spans.append(opt.last_stats["span"])
+        probes.append(opt.last_stats.get("probe_kind"))
         step_end.append(time.perf_counter())
         step += 1
     everyone = hvd.allgather(torch.tensor([crs], dtype=torch.float64), name="adaptive.crs")
     solves = [dict(s) for s in ctrl.solves if s["end"] is not None]  # finished ones
     steps_during = [sum(1 for t in step_end if s["start"] < t < s["end"]) for s in solves]
     state = opt.state_dict()["hvd_flexcomm"]["adaptive"]
-    return {"crs": crs, "paths": paths, "spans": spans,
+    return {"crs": crs, "paths": paths, "spans": spans, "probes": probes,
             "span_moves": opt._flex_controller.n_span_moves,
             "span_confirms": opt._flex_controller.n_span_confirms,
             "crs_agree": bool((everyone == everyone[0]).all()),
