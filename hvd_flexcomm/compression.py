@@ -246,10 +246,11 @@ class Adaptive(Flexible):
       median over 32 steps moved between 19.7 and 28.2 ms with nothing changed, and a threshold
       of 0.25 fired on that once in 480 steps.
     - ``min_cr_change`` (fraction of the current CR): a solved CR closer than this to the current
-      one is kept on rank 0 and not announced. A change costs the broadcast plus Horovod's
-      renegotiation of the new message sizes, 0.3–0.4 s at 5 ms one way and N=4
-      (``docs/performance/horovod_op_cost.md``), for a CR a few percent off; 0 announces every
-      solve.
+      one is kept on rank 0 and not announced. A change costs Horovod's renegotiation of the
+      new message sizes plus the broadcast, which now runs in flight but still slows the steps
+      around it: 0.7–1.2 s per change at 25 ms one way and N=4, against 1.4–1.6 s blocking, and
+      0.3–0.4 s blocking at 5 ms one way (``docs/performance/horovod_op_cost.md``,
+      ``adaptive_span_steps.md``), for a CR a few percent off; 0 announces every solve.
     - ``time_scale``: how the time objective is normalised before the ASF pick
       (:func:`~hvd_flexcomm.moo.normalise_front`). ``"step"``: the step time a CR adds as a
       fraction of the dearest candidate's whole step (rank 0's median time outside communication
