@@ -277,19 +277,24 @@ class Adaptive(Flexible):
       training steps run at an end of the candidate range (``c_low`` or ``c_high``: of those at
       least 4x away from the CR in use, the one predicted cheaper; usually ``c_low``, which costs
       no time) on the path in use, under their own collective names (no renegotiation of the
-      regular message). Their timings feed the path's fits, not the drift detector, and replace
-      what the probes measured at other sizes than the one in use: the path's line then rests
-      on real steps (the span's steps at its end, the recent steps at the CR in use). The first
-      step at a new size pays Horovod's negotiation and is not fed. A span that moves the
-      prediction at either end of the candidates by more than ``drift_threshold`` counts as a
-      recalibration and triggers a re-optimisation. A span whose predicted extra time (over
-      steps at the CR in use) would take refreshes and spans together past ``probe_budget`` of
-      the measured communication waits. The error feedback keeps what a span step at ``c_low``
-      does not send. With span steps, drift runs Flexible's drift probe (the path not in use at
-      the k in use; the path in use re-anchored on its recent steps) instead of a full probe over
-      every candidate's size (13.2 s at 25 ms one way in one run), and a span follows 10 steps
-      later (``flexible.SPAN_SETTLE_STEPS``); that span counts as a recalibration whatever it
-      measures. ``span_steps=0`` turns span steps off (drift then runs a full probe).
+      regular message). Their timings never reach the drift detector. The first step at a new
+      size pays Horovod's negotiation and is not timed. When the span's last timings arrive it
+      is judged against the prediction at its CR: if some timed step lies within
+      ``drift_threshold`` of it, or the steps lie on both sides of it, the span confirms the
+      model and its timings are dropped (a few noisy steps near ``c_low`` would re-tilt the
+      slope the probe measured over the whole range). If every step is off on the same side,
+      its timings replace what the probes measured at other sizes than the one in use: the
+      path's line then rests on real steps (the span's steps at its end, the recent steps at
+      the CR in use). A span that moves the prediction at either end of the candidates by more
+      than ``drift_threshold`` counts as a recalibration and triggers a re-optimisation. A span
+      whose predicted extra time (over steps at the CR in use) would take refreshes and spans
+      together past ``probe_budget`` of the measured communication waits. The error feedback
+      keeps what a span step at ``c_low`` does not send. With span steps, drift runs Flexible's
+      drift probe (the path not in use at the k in use; the path in use re-anchored on its
+      recent steps) instead of a full probe over every candidate's size (13.2 s at 25 ms one
+      way in one run), and a span follows 10 steps later (``flexible.SPAN_SETTLE_STEPS``); that
+      span recalibrates whatever it measures. ``span_steps=0`` turns span steps off (drift then
+      runs a full probe).
     """
 
     cr: float = 0.1

@@ -113,12 +113,11 @@ class FlexibleController:
         self.span_base_cr: Optional[float] = None  # the CR in use when the span started
         self.span_path: Optional[str] = None  # the path the span runs on
         self.span_left = 0
-        #: a span started and is not judged yet (its last step's timings arrive a step later)
-        self.span_open = False
         self.span_observed = 0  # steps of the open span whose timings arrived (cold included)
         #: the timed samples of the open span's steps: [(kind, bytes, ms), ...] per step
         self.span_samples: list = []
         self.last_span_step: Optional[int] = None
+        #: set from a span's start until it is judged or abandoned (see :attr:`span_open`)
         self.span_before_ms: Optional[dict] = None
         self.span_ms_total = 0.0
         self.spanned_ks: set = set()
@@ -282,6 +281,11 @@ class FlexibleController:
         return bool(self.probe_crs) and int(getattr(self.mode, "span_steps", 0)) > 0
 
     @property
+    def span_open(self) -> bool:
+        """A span started and is not judged yet (its last step's timings arrive a step later)."""
+        return self.span_before_ms is not None
+
+    @property
     def model_version(self) -> int:
         """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
         spans that moved it (a drift probe under spans is followed by a span that counts)."""
@@ -324,20 +328,19 @@ class FlexibleController:
             if max(k_end, k) < SPAN_MIN_RATIO * min(k_end, k):
                 continue
             end_ms = self.predict(end)[self.path]
-            options.append((n * max(0.0, end_ms - now_ms), end, end_ms))
+            options.append((n * max(0.0, end_ms - now_ms), end, end_ms, k_end))
         if not options:
             return cr, None
-        extra_ms, end, end_ms = min(options)
+        extra_ms, end, end_ms, k_end = min(options)
         if not self._within_budget(extra_ms):
             return cr, None
         self.span_ms_total += extra_ms
         self.span_after_drift, self.span_soon_step = soon, None
         self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
-        self.span_base_cr, self.span_path, self.span_open = cr, self.path, True
+        self.span_base_cr, self.span_path = cr, self.path
         self.span_observed, self.span_samples = 0, []
         self.span_before_ms = self._span_ends_ms()
         self.n_span_steps += 1
-        k_end = k_for(end, self.numel)
         cold = k_end not in self.spanned_ks
         self.spanned_ks.add(k_end)
         log.info("hvd_flexcomm: step %d: span of %d step(s) at cr %g on the %s (cr in use %g; "
@@ -469,9 +472,9 @@ class FlexibleController:
         before, timed = self.span_before_ms, self.span_samples
         after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
         self._end_span()
-        if before is None or not timed or cr not in before:
+        if not timed:  # its steps ran on another path, or only its cold step was timed
             return
-        expected = before[cr]
+        expected = before[cr]  # a span's CR is an end of the candidates
         measured = [sum(ms for _, _, ms in step_samples) for step_samples in timed]
         thr = self.mode.drift_threshold
         off = (all(m > (1.0 + thr) * expected for m in measured)
@@ -504,7 +507,6 @@ class FlexibleController:
     def _end_span(self) -> None:
         """Close the span state (judged, or abandoned by a probe)."""
         self.span_left = 0
-        self.span_open = False
         self.span_samples = []
         self.span_observed = 0
         self.span_before_ms = None
