@@ -300,7 +300,8 @@ class AdaptiveController:
 
     def other_ms(self) -> Optional[float]:
         """The time-objective offset of the next solve: the median of the recent steps' time
-        outside communication (ms); 0 before any was measured; None with ``time_scale="front"``."""
+        outside communication (ms); 0 before any was measured; None with ``time_scale="front"``
+        (``"step"`` normalises the time objective by it, ``"tta"`` adds it to each step)."""
         if self.mode.time_scale == "front":
             return None
         return statistics.median(self.other_samples_ms) if self.other_samples_ms else 0.0
@@ -321,7 +322,7 @@ class AdaptiveController:
         """Why a solve should start now (None: it should not)."""
         if self.tracker.smoothed is None or self._future is not None:
             return None
-        step_scale = self.mode.time_scale == "step"
+        step_scale = self.mode.time_scale in ("step", "tta")  # both need the time outside comm
         if self.last_submit_step is None:
             if step_scale and not self.other_samples_ms:
                 return None  # the step scale needs one measured step's time outside communication
@@ -381,7 +382,8 @@ class AdaptiveController:
         def job() -> MooResult:
             try:
                 result = solve_cr(crs, time_ms, gains, mode.c_low, mode.c_high, mode.weights,
-                                  mode.pop_size, mode.n_gen, other_ms=other_ms)
+                                  mode.pop_size, mode.n_gen, other_ms=other_ms,
+                                  pick="tta" if mode.time_scale == "tta" else "asf")
                 record["cr"] = result.cr
                 return result
             finally:
@@ -414,7 +416,8 @@ class AdaptiveController:
                 "n_announcements": self.n_announcements, "n_kept": self.n_kept,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
                                                        "gain": r.gain, "curves": r.curves,
-                                                       "front": r.front, "other_ms": r.other_ms}}
+                                                       "front": r.front, "other_ms": r.other_ms,
+                                                       "pick": r.pick}}
 
     def load_dict(self, state: dict) -> None:
         self.cr = float(state.get("cr", self.cr))

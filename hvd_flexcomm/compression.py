@@ -212,7 +212,7 @@ def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
 
 #: Candidate CRs of the paper (0.1 / 3^i, rounded as published).
 DEFAULT_CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)
-TIME_SCALES = ("step", "front")  # Adaptive.time_scale: see moo.normalise_front
+TIME_SCALES = ("step", "front", "tta")  # Adaptive.time_scale: see moo.normalise_front, moo.PICKS
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,14 @@ class Adaptive(Flexible):
       per step, plus that candidate's predicted communication), so the pick follows the network:
       where latency or computation dominate the step, a lower CR saves less and the pick moves
       up. ``"front"``: the paper's ideal-nadir normalisation, blind to the time curve's offset
-      and scale (only its shape moves the pick).
+      and scale (only its shape moves the pick). ``"tta"`` (time to accuracy): no ASF; the pick
+      minimises ``step_time^w_time · (1/gain)^w_gain``, with ``step_time`` the candidate's
+      predicted communication (and compression) plus the same median time outside
+      communication as ``"step"`` (:func:`~hvd_flexcomm.moo.tta_objectives`): the run's time to
+      a given accuracy if the steps it needs grow as ``(1/gain)^(w_gain/w_time)``. It keeps
+      both objectives' scales, so on a latency-bound link, where a high CR costs a step little
+      more than a low one, it picks a high CR. Everything said of ``"step"`` below (the trigger
+      on ``other_ms``, the first solve waiting for one measured step) holds for ``"tta"`` too.
     - ``count_compression``: the time objective adds each candidate's compression time (error
       feedback, selection, packing, unpacking: ``last_stats["compress_ms"]``) to its predicted
       communication, from a line fitted through rank 0's measured steps at the CRs it ran, once

@@ -5,7 +5,21 @@ two-objective problem ``min_c (t(c), 1/gain(c))`` over ``c in [c_low, c_high]`` 
 NSGA-II, and pick one point of the Pareto front with an achievement scalarizing function (ASF) on
 the normalised front, with weights (default 0.6 time / 0.4 gain, as the paper).
 
-Normalisation (:func:`normalise_front`), ``1/gain`` always by the front's ideal and nadir:
+Two ways to pick the point (``pick``):
+
+- ``"asf"`` (the paper's): an ASF with ``weights`` on the front normalised by
+  :func:`normalise_front` (below): the point where the weighted, normalised losses of time and
+  of gain against their best points balance;
+- ``"tta"`` (time to accuracy, :func:`tta_objectives`): the point that minimises
+  ``step_time(c)^w_time · (1/gain(c))^w_gain`` (pymoo's weighted-sum decomposition of the two
+  objectives in log space), where ``step_time = t(c) + other_ms``. If the steps a run needs grow
+  as ``(1/gain)^γ``, its time to a given accuracy is ``step_time · (1/gain)^γ``, and this pick
+  minimises it for ``γ = w_gain / w_time`` (2/3 with the default weights). Unlike a
+  normalisation by the front's span, it keeps the scale of both objectives: on a link where a
+  step at CR 0.1 costs 1.6x one at CR 0.001 it picks a high CR, where it costs 2.5x a low one.
+
+Normalisation (:func:`normalise_front`, for ``pick="asf"``), ``1/gain`` always by the front's
+ideal and nadir:
 
 - ``other_ms=None`` (the paper): time by its ideal and nadir too. Blind to the network's scale: a
   time curve ``a + b·c`` normalises to ``(c - c_low)/(c_high - c_low)`` whatever latency and
@@ -37,10 +51,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "normalise_front", "preload",
-           "solve_cr"]
+__all__ = ["PICKS", "Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "normalise_front",
+           "preload", "solve_cr", "tta_objectives"]
 
 _FIT_TOLERANCE = 0.25
+#: How :func:`solve_cr` picks one point of the front: ASF on the normalised front (the paper's),
+#: or the weighted sum of the log objectives (time to accuracy, see :func:`tta_objectives`).
+PICKS = ("asf", "tta")
 
 
 @dataclass
@@ -114,8 +131,12 @@ class MooResult:
     curves: dict = field(default_factory=dict)
     weights: tuple = (0.6, 0.4)
     other_ms: Optional[float] = None  # the step's time outside communication; None: the paper's
+    pick: str = "asf"  # "asf" or "tta" (see PICKS)
 
     def time_scale(self) -> str:
+        if self.pick == "tta":
+            return (f"time to accuracy: min step time^{self.weights[0]:g} x (1/gain)^"
+                    f"{self.weights[1]:g}, step time = communication + {self.other_ms or 0.0:.1f} ms")
         if self.other_ms is None:
             return "time normalised by the front's span"
         return f"time as a fraction of the dearest step (+{self.other_ms:.1f} ms outside communication)"
@@ -158,15 +179,34 @@ def normalise_front(F: np.ndarray, other_ms: Optional[float] = None) -> np.ndarr
     return (F - ideal) / np.where(span > 1e-12, span, 1.0)
 
 
+def tta_objectives(F: np.ndarray, other_ms: float) -> np.ndarray:
+    """Objectives ``F`` (rows: points; columns: communication time in ms, 1/gain) as the log
+    factors by which each point's time to accuracy exceeds the best point's, per objective:
+    ``ln(step(c) / step_min)`` with ``step = time + other_ms`` (ms, >= 0), and
+    ``ln((1/gain) / (1/gain)_min)``. Both columns are >= 0 and share one unit (a log factor on
+    the run's time), so a weighted sum of them is the log of
+    ``step^w_time · (1/gain)^w_gain`` up to a constant."""
+    _check_other_ms(other_ms)
+    F = np.asarray(F, dtype=np.float64)
+    step_ms = np.maximum(F[:, 0] + other_ms, 1e-9)
+    inverse_gain = np.maximum(F[:, 1], 1e-12)
+    logs = np.column_stack([np.log(step_ms), np.log(inverse_gain)])
+    return logs - logs.min(axis=0)
+
+
 def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
              c_low: float, c_high: float, weights: tuple = (0.6, 0.4), pop_size: int = 40,
-             n_gen: int = 40, seed: int = 1, other_ms: Optional[float] = None) -> MooResult:
-    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves; ASF pick with ``weights`` on
-    the front normalised by :func:`normalise_front` (``other_ms``: the step's time outside
-    communication, ms, or None for the paper's normalisation)."""
+             n_gen: int = 40, seed: int = 1, other_ms: Optional[float] = None,
+             pick: str = "asf") -> MooResult:
+    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves, then one point of the front:
+    ``pick="asf"``, the ASF with ``weights`` on the front normalised by :func:`normalise_front`
+    (``other_ms``: the step's time outside communication, ms, or None for the paper's
+    normalisation); ``pick="tta"``, the least weighted sum of :func:`tta_objectives` (needs
+    ``other_ms``)."""
     from pymoo.algorithms.moo.nsga2 import NSGA2
     from pymoo.core.problem import Problem
     from pymoo.decomposition.asf import ASF
+    from pymoo.decomposition.weighted_sum import WeightedSum
     from pymoo.operators.crossover.sbx import SBX
     from pymoo.operators.mutation.pm import PM
     from pymoo.operators.sampling.rnd import FloatRandomSampling
@@ -175,6 +215,10 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
     if not 0 < c_low < c_high <= 1:
         raise ValueError(f"need 0 < c_low < c_high <= 1, got {c_low}, {c_high}")
     _check_other_ms(other_ms)
+    if pick not in PICKS:
+        raise ValueError(f"pick must be one of {PICKS}, got {pick!r}")
+    if pick == "tta" and other_ms is None:
+        raise ValueError("pick='tta' needs other_ms (the step's time outside communication, ms)")
     time_curve = fit_comm_curve(crs, comm_ms)
     gain_curve = fit_gain_curve(crs, gains)
 
@@ -191,11 +235,14 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
                       mutation=PM(eta=20), eliminate_duplicates=True)
     res = minimize(_Problem(), algorithm, ("n_gen", n_gen), seed=seed, verbose=False)
     X, F = np.atleast_2d(res.X).reshape(-1, 1), np.atleast_2d(res.F)
-    normalised = normalise_front(F, other_ms)
     w = np.asarray(weights, dtype=np.float64)
-    pick = int(ASF().do(normalised, 1.0 / w).argmin())
+    if pick == "tta":
+        chosen = int(WeightedSum().do(tta_objectives(F, other_ms), w).argmin())
+    else:
+        chosen = int(ASF().do(normalise_front(F, other_ms), 1.0 / w).argmin())
     order = np.argsort(X[:, 0])
     front = [(float(X[i, 0]), float(F[i, 0]), float(1.0 / F[i, 1])) for i in order]
-    return MooResult(cr=float(X[pick, 0]), time_ms=float(F[pick, 0]), gain=float(1.0 / F[pick, 1]),
-                     front=front, curves={"time": time_curve.kind, "gain": gain_curve.kind},
-                     weights=tuple(weights), other_ms=other_ms)
+    return MooResult(cr=float(X[chosen, 0]), time_ms=float(F[chosen, 0]),
+                     gain=float(1.0 / F[chosen, 1]), front=front,
+                     curves={"time": time_curve.kind, "gain": gain_curve.kind},
+                     weights=tuple(weights), other_ms=other_ms, pick=pick)

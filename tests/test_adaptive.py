@@ -18,7 +18,14 @@ from hvd_flexcomm.adaptive import (
     warmup_cr,
 )
 from hvd_flexcomm.gains import GainTracker, gains_at_crs
-from hvd_flexcomm.moo import MooResult, fit_comm_curve, fit_gain_curve, normalise_front, solve_cr
+from hvd_flexcomm.moo import (
+    MooResult,
+    fit_comm_curve,
+    fit_gain_curve,
+    normalise_front,
+    solve_cr,
+    tta_objectives,
+)
 from hvd_flexcomm.topk import k_for
 
 CANDS = (0.1, 0.033, 0.011, 0.004, 0.001)
@@ -154,6 +161,80 @@ def test_step_time_scale_moves_the_pick_with_latency_and_computation():
     # the time a CR adds to the dearest step is unchanged)
     assert solve_cr(crs, 3 * latency_bound, gains, 0.001, 0.1, other_ms=0.0).cr == pytest.approx(
         on_latency.cr, rel=1e-6)
+
+
+def _tta_optimum(a_ms, b_ms, p, weights=(0.6, 0.4)):
+    """The CR that minimises ``(a + b·c)^w_t · (A·c^p)^-w_g`` over c > 0 (setting the derivative
+    of its log to 0): ``w_t·b·c = w_g·p·(a + b·c)``."""
+    wt, wg = weights
+    return wg * p * a_ms / (b_ms * (wt - wg * p))
+
+
+@pytest.mark.parametrize("a_ms,b_ms,p,other_ms", [
+    (100.0, 2000.0, 0.5, 30.0),  # 5 ms one way, 100 Mbit/s: a low-ish CR
+    (420.0, 2800.0, 0.5, 30.0),  # 25 ms one way: a higher CR
+    (60.0, 9000.0, 0.4, 0.0),    # bandwidth-bound
+])
+def test_tta_pick_is_the_time_to_accuracy_optimum(a_ms, b_ms, p, other_ms):
+    """``pick="tta"``: on exact curves ``t = a + b·c`` and ``g = A·c^p`` the pick is the
+    analytic minimum of ``(t + other)^0.6 · (1/g)^0.4`` (inside the bounds), whatever ``A``."""
+    crs = np.array(CANDS)
+    want = _tta_optimum(a_ms + other_ms, b_ms, p)
+    assert 0.0015 < want < 0.09  # the cases are chosen to have it inside [c_low, c_high]
+    for A in (0.5, 3.0):
+        res = solve_cr(crs, a_ms + b_ms * crs, np.minimum(1, A * crs ** p) if A < 1 else
+                       A * crs ** p / (A * 0.1 ** p), 0.001, 0.1, other_ms=other_ms, pick="tta")
+        assert res.cr == pytest.approx(want, rel=0.05), (A, res.cr, want)
+        assert res.pick == "tta" and "time to accuracy" in res.explain()
+
+
+def test_tta_pick_follows_latency_and_is_blind_to_a_uniform_slowdown():
+    """A line with a larger offset (latency, or computation) makes a higher CR cheap relative to
+    its step, and the time-to-accuracy pick moves up; multiplying the whole step time by a
+    constant (network and computation alike) keeps it, since only ratios of step times enter."""
+    crs = np.array(CANDS)
+    gains = np.minimum(1, 2 * crs ** 0.5)
+    bandwidth_bound = solve_cr(crs, 20 + 3000 * crs, gains, 0.001, 0.1, other_ms=10.0, pick="tta")
+    latency_bound = solve_cr(crs, 450 + 3000 * crs, gains, 0.001, 0.1, other_ms=10.0, pick="tta")
+    assert latency_bound.cr > 5 * bandwidth_bound.cr
+    slower = solve_cr(crs, 3 * (20 + 3000 * crs), gains, 0.001, 0.1, other_ms=30.0, pick="tta")
+    assert slower.cr == pytest.approx(bandwidth_bound.cr, rel=1e-6)
+    computation_only = solve_cr(crs, 3000 * crs, gains, 0.001, 0.1, other_ms=1e6, pick="tta")
+    assert computation_only.cr > 0.09  # communication negligible: the most gain
+    asf = solve_cr(crs, 450 + 3000 * crs, gains, 0.001, 0.1, other_ms=10.0)
+    assert asf.pick == "asf" and latency_bound.cr > 1.5 * asf.cr  # the ASF balances, lower
+
+
+def test_tta_objectives_are_log_factors_over_the_best_point():
+    F = np.array([[100.0, 2.0], [50.0, 4.0], [20.0, 10.0]])
+    got = tta_objectives(F, other_ms=30.0)
+    assert got == pytest.approx(np.array([[math.log(130 / 50), 0.0],
+                                          [math.log(80 / 50), math.log(2.0)],
+                                          [0.0, math.log(5.0)]]))
+    with pytest.raises(ValueError, match="other_ms.*-1"):
+        tta_objectives(F, other_ms=-1.0)
+
+
+def test_solve_cr_rejects_a_bad_pick():
+    with pytest.raises(ValueError, match="pick.*'best'"):
+        solve_cr(CANDS, [9, 5, 3, 2, 1], [0.8, 0.5, 0.3, 0.2, 0.1], 0.001, 0.1, pick="best")
+    with pytest.raises(ValueError, match="tta.*other_ms"):
+        solve_cr(CANDS, [9, 5, 3, 2, 1], [0.8, 0.5, 0.3, 0.2, 0.1], 0.001, 0.1, pick="tta")
+
+
+def test_tta_controller_solves_with_the_step_time_and_waits_for_one_step():
+    ctrl, _ = _controller(time_scale="tta", n_gen=5, pop_size=8)
+    ctrl.tracker.update([0.5, 0.3, 0.15, 0.07, 0.02])
+    assert ctrl._trigger(1) is None  # no step measured yet: its time outside comm is unknown
+    ctrl.note_other_ms(40.0)
+    assert ctrl._trigger(1) == "first optimisation after warm-up"
+    ctrl._submit(1, "test")
+    ctrl._future.result(timeout=60)
+    assert ctrl._ready_result() is not None
+    result = ctrl.last_result
+    assert result.pick == "tta" and result.other_ms == 40.0 and ctrl.solves[-1]["other_ms"] == 40.0
+    assert ctrl.to_dict()["last_result"]["pick"] == "tta"
+    ctrl.close()
 
 
 def test_solver_survives_unfittable_inputs():
