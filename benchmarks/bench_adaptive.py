@@ -47,9 +47,10 @@ Methods (``--methods``): ``dense``, ``ag:CR`` (``AGTopk``), ``ar:CR`` (``ARTopk`
 warm-up, candidates 0.1..0.001, ``[c_low, c_high] = [0.001, 0.1]``, weights (0.6, 0.4), STAR --
 plus ``warmup_steps=--warmup-steps``, default 50: the CR falls linearly from 1.0 to 0.1 over the
 first 50 steps, in blocks of 10), ``adaptive:W`` (the same with a warm-up of W steps),
-``adaptive-front[:W]`` (the same with ``time_scale="front"``, the paper's normalisation of the time
-objective, instead of the default ``"step"``), ``adaptive-tta[:W]`` (the same with
-``time_scale="tta"``: the pick that minimises ``step_time^0.6 · (1/gain)^0.4``). Default:
+``adaptive-step[:W]`` and ``adaptive-front[:W]`` (the same with ``time_scale="step"`` or
+``"front"``: an ASF pick, with the time objective normalised by the dearest step or, as the
+paper, by the front's span, instead of the default ``"tta"``, the pick that minimises
+``step_time^0.6 · (1/gain)^0.4``), ``adaptive-tta[:W]`` (``"tta"`` named explicitly). Default:
 Dense, AG-Topk 0.1 / 0.01, AR-Topk 0.1 / 0.01, Flexible 0.01, Adaptive.
 
 Targets (reported, not asserted): Adaptive reaches the target in less training time than every
@@ -122,13 +123,15 @@ TRAIN_IMAGES = 60_000
 
 def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
     """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` /
-    ``adaptive-front[:W]`` / ``adaptive-tta[:W]`` -> a plan entry."""
+    ``adaptive-step[:W]`` / ``adaptive-front[:W]`` / ``adaptive-tta[:W]`` -> a plan entry."""
     kind, _, arg = text.lower().partition(":")
     if kind == "dense":
         return {"name": "Dense", "kind": "dense", "cr": 1.0}
-    if kind in ("adaptive", "adaptive-front", "adaptive-tta"):  # ":W": a warm-up of W steps
+    if kind in ("adaptive", "adaptive-step", "adaptive-front", "adaptive-tta"):  # ":W": warm-up
         name, options = "Adaptive", {}
-        if kind == "adaptive-front":
+        if kind == "adaptive-step":
+            name, options = "Adaptive (step-normalised ASF)", {"time_scale": "step"}
+        elif kind == "adaptive-front":
             name, options = "Adaptive (front-normalised)", {"time_scale": "front"}
         elif kind == "adaptive-tta":
             name, options = "Adaptive (time-to-accuracy pick)", {"time_scale": "tta"}
@@ -138,7 +141,8 @@ def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
         return {"name": name, "kind": "adaptive", "cr": None,
                 "options": {"warmup_steps": warmup_steps, **options}}
     if kind not in ("ag", "ar", "flexible") or not arg:
-        raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR or adaptive")
+        raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR, adaptive, "
+                         "adaptive-step, adaptive-front or adaptive-tta")
     cr = float(arg)
     if not 0 < cr <= 1:
         raise ValueError(f"bad CR in {text!r}")

@@ -22,8 +22,9 @@ Who does what:
   the calibrated cost model (the cheaper path at each CR), adds its compression time (fitted
   through the compression times its steps measured at the CRs they ran, see
   :func:`compression_curve`; once two CRs a factor 2 apart were measured), keeps the median of
-  its recent steps' time outside communication (``time_scale="step"`` normalises the time
-  objective by it, see :func:`~hvd_flexcomm.moo.normalise_front`), and, when a trigger fires,
+  its recent steps' time outside communication (``time_scale="tta"``, the default, adds it to
+  each candidate's step, see :func:`~hvd_flexcomm.moo.tta_objectives`; ``"step"`` normalises the
+  time objective by it, see :func:`~hvd_flexcomm.moo.normalise_front`), and, when a trigger fires,
   submits the NSGA-II solve (:func:`~hvd_flexcomm.moo.solve_cr`) to a background thread.
   Training never waits for it: the result is picked up at the first announcement after it is
   ready. If the solver fails, training continues on the last CR and the error is logged once.

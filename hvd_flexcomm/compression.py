@@ -223,8 +223,10 @@ class Adaptive(Flexible):
     (every ``gain_every`` steps, one selection + one sort), predicts each candidate's
     communication time with the calibrated cost model (cheaper path at each CR), fits smooth
     curves, and solves ``min (time, 1/gain)`` over ``[c_low, c_high]`` with NSGA-II
-    (``pop_size``, ``n_gen``) in a background thread, picking one point with an ASF of
-    ``weights`` (time, gain). A new CR is announced at the first multiple of ``sync_every``
+    (``pop_size``, ``n_gen``) in a background thread, picking one point with ``weights`` (time,
+    gain): by default the point of least predicted time to accuracy, ``step_time^0.6 ·
+    (1/gain)^0.4`` (``time_scale="tta"``); ``"step"`` and ``"front"`` pick with an ASF, as the
+    paper. A new CR is announced at the first multiple of ``sync_every``
     after rank 0 flagged it in a step payload (one broadcast: mpi4py under MPI,
     ``hvd.broadcast_object`` under Gloo; none while there is nothing new). The broadcast runs
     in flight, on a helper thread, while training goes on, and the CR takes effect on every rank
@@ -237,10 +239,11 @@ class Adaptive(Flexible):
     - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.
     - Re-optimise when the smoothed gain moves by ``gain_threshold`` (fraction) since the last
-      optimisation, when the network model was recalibrated (drift), or (``time_scale="step"``)
+      optimisation, when the network model was recalibrated (drift), or (``time_scale="tta"``
+      or ``"step"``)
       when rank 0's median time outside communication per step moves by ``other_ms_threshold``
       (fraction) from the value the last optimisation was normalised by; at most every
-      ``min_interval`` steps. With ``time_scale="step"`` the first optimisation waits for one
+      ``min_interval`` steps. With ``"tta"`` or ``"step"`` the first optimisation waits for one
       measured step (step 1 without a warm-up), so that no pick is made blind to computation.
       The default 0.5 lies above the noise: at 5 ms one way and N=4 on a 2-core machine the
       median over 32 steps moved between 19.7 and 28.2 ms with nothing changed, and a threshold
@@ -251,7 +254,8 @@ class Adaptive(Flexible):
       around it: 0.7–1.2 s per change at 25 ms one way and N=4, against 1.4–1.6 s blocking, and
       0.3–0.4 s blocking at 5 ms one way (``docs/performance/horovod_op_cost.md``,
       ``adaptive_span_steps.md``), for a CR a few percent off; 0 announces every solve.
-    - ``time_scale``: how the time objective is normalised before the ASF pick
+    - ``time_scale``: how the front's point is picked. ``"tta"`` (the default) is described
+      last. ``"step"`` and ``"front"`` normalise the time objective for an ASF pick
       (:func:`~hvd_flexcomm.moo.normalise_front`). ``"step"``: the step time a CR adds as a
       fraction of the dearest candidate's whole step (rank 0's median time outside communication
       per step, plus that candidate's predicted communication), so the pick follows the network:
@@ -263,8 +267,10 @@ class Adaptive(Flexible):
       communication as ``"step"`` (:func:`~hvd_flexcomm.moo.tta_objectives`): the run's time to
       a given accuracy if the steps it needs grow as ``(1/gain)^(w_gain/w_time)``. It keeps
       both objectives' scales, so on a latency-bound link, where a high CR costs a step little
-      more than a low one, it picks a high CR. Everything said of ``"step"`` below (the trigger
-      on ``other_ms``, the first solve waiting for one measured step) holds for ``"tta"`` too.
+      more than a low one, it picks a high CR. On the 100 Mbit/s, 5 ms link changing to 25 ms
+      one way (``benchmarks/bench_adaptive.py``, ``docs/performance/adaptive_tta.md``) it ran
+      CR 0.008-0.02 before the change and 0.07-0.1 after it, where ``"step"`` stayed at
+      0.018-0.024 after it.
     - ``count_compression``: the time objective adds each candidate's compression time (error
       feedback, selection, packing, unpacking: ``last_stats["compress_ms"]``) to its predicted
       communication, from a line fitted through rank 0's measured steps at the CRs it ran, once
@@ -318,7 +324,7 @@ class Adaptive(Flexible):
     pop_size: int = 40
     n_gen: int = 40
     min_cr_change: float = 0.1
-    time_scale: str = "step"
+    time_scale: str = "tta"
     other_ms_threshold: float = 0.5
     count_compression: bool = True
     span_steps: int = 3

@@ -383,7 +383,10 @@ def test_compression_times_are_kept_per_cr_on_rank0_and_join_the_time_objective(
     ``COMPRESS_CRS`` CRs; a solve adds the fitted compression time to each candidate's predicted
     communication. On a latency-bound network (the same communication time at every CR) the
     compression time is all that a lower CR saves, and the pick moves down from ``c_high``."""
-    flat, _ = _controller(n_gen=20, pop_size=20)
+    # the ASF pick of "step": it weighs what a CR adds to the step against the gain's span, so
+    # 25 ms of compression on a 585 ms step moves it; the time-to-accuracy pick ("tta") weighs
+    # the same 4% of step time against a 9x gain and stays at c_high (both see the same inputs)
+    flat, _ = _controller(n_gen=20, pop_size=20, time_scale="step")
     flat.predict_ms = lambda c: {"allgather": 500.0, "allreduce": 600.0}
     flat.tracker.update([0.9, 0.6, 0.4, 0.25, 0.1])
     flat.note_other_ms(50.0)

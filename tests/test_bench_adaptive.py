@@ -264,6 +264,9 @@ def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
     front = parse_method("adaptive-front:0", 50)
     assert front["kind"] == "adaptive" and front["options"] == {"warmup_steps": 0, "time_scale": "front"}
     assert front["name"] == "Adaptive (front-normalised) (warm-up 0)"
+    step = parse_method("adaptive-step", 50)
+    assert step["options"] == {"warmup_steps": 50, "time_scale": "step"}
+    assert parse_method("adaptive-tta:5", 50)["options"] == {"warmup_steps": 5, "time_scale": "tta"}
     assert parse_method("ag:0.01", 50) == {"name": "AG-Topk 0.01", "kind": "ag", "cr": 0.01}
     for bad in ("adaptive-slow", "ag", "ag:2"):
         with pytest.raises(ValueError, match=bad):

@@ -102,9 +102,9 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     reported (``network_moved_pick``), not asserted: 23-95% in most runs at b210f85-90548c4,
     below 10% in 2 of 10 (0% in the one whose report was kept). The first probe after a latency
     change can still catch TCP flows growing their windows on the new round trip (a concave
-    curve that pulls the pick down), a settled latency-bound curve pulls it up with
-    ``time_scale="step"``, and the picks fall on NSGA-II's front points, so two opposite pulls
-    can land on the same point.
+    curve that pulls the pick down), a settled latency-bound curve pulls it up (those runs used
+    ``time_scale="step"``; the default ``"tta"`` keeps the curve's scale and pulls harder), and
+    the picks fall on NSGA-II's front points, so two opposite pulls can land on the same point.
     """
     missing = _missing()
     if missing:
@@ -127,8 +127,8 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     # drift -> full probe -> a re-solve for the recalibrated model after the change
     assert row["resolve_step"] is not None and row["resolve_step"] >= 25, report
     assert set(row["paths_after"]) <= set(PATHS), report
-    # time_scale="step": both solves' time objectives are scaled by the measured time outside
-    # communication (the first solve waits for one timed step)
+    # time_scale="tta" (the default, like "step"): both solves' step times hold the measured
+    # time outside communication (the first solve waits for one timed step)
     assert row["other_ms_before"] > 0 and row["other_ms_after"] > 0, report
     # the new CR was announced and is in use (each step's payload carries an agreement hash of
     # the CR: a rank on another CR would fail the step)
