@@ -227,7 +227,8 @@ class Job:
                                   "probe_ms_total": ctrl.probe_ms_total,
                                   "n_span_steps": ctrl.n_span_steps,
                                   "n_span_moves": ctrl.n_span_moves,
-                                  "n_span_confirms": ctrl.n_span_confirms}
+                                  "n_span_confirms": ctrl.n_span_confirms,
+                                  "n_span_offs": ctrl.n_span_offs}
         ada = getattr(opt, "_flex_adaptive", None)
         if ada is not None:
             res = ada.last_result

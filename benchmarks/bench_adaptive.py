@@ -379,6 +379,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         row["span_steps"] = sum(bool(x) for x in spans)
         row["span_moves"] = rec.get("flexible", {}).get("n_span_moves")
         row["span_confirms"] = rec.get("flexible", {}).get("n_span_confirms")
+        row["span_offs"] = rec.get("flexible", {}).get("n_span_offs")
         row["cr_min"] = min(crs) if crs else None
         row["cr_max"] = max(crs) if crs else None
         row["cr_mean_after_warmup"] = _mean(after)
@@ -544,8 +545,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"; {ada['kept']} solved CR(s) within min_cr_change of the CR, not announced.")
                   + (f" Span steps (left out of the range and mean): {ada['span_steps']}, "
                      f"{ada.get('span_moves') or 0} span(s) moved the model"
-                     + ("." if ada.get("span_confirms") is None else
-                        f", {ada['span_confirms']} confirmed it.")
+                     + ("" if ada.get("span_confirms") is None else
+                        f", {ada['span_confirms']} confirmed it")
+                     + ("." if ada.get("span_offs") is None else
+                        f", {ada['span_offs']} were off once and kept out of it.")
                      if ada.get("span_steps") else "")]
     if a.get("adaptive"):
         ratio = a.get("ratio_adaptive_vs_best_fixed")

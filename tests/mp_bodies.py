@@ -425,6 +425,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     return {"crs": crs, "paths": paths, "spans": spans, "probes": probes,
             "span_moves": opt._flex_controller.n_span_moves,
             "span_confirms": opt._flex_controller.n_span_confirms,
+            "span_offs": opt._flex_controller.n_span_offs,
             "crs_agree": bool((everyone == everyone[0]).all()),
             "channel": ctrl.channel, "changes": ctrl.changes, "solves": len(solves),
             "submitted": len(ctrl.solves), "announcements": ctrl.n_announcements,

@@ -325,10 +325,11 @@ def test_span_steps_need_candidates_and_can_be_turned_off():
 
 
 def test_span_timings_relearn_the_slope_without_firing_drift():
-    """The network changed and a probe left a steep slope (the allgather predicted 10x dearer
-    per byte than it is): a span at c_low measures the true cost there, its timings refit the
-    line, the prediction at the span's CR moves, and the model counts one recalibration. The
-    span's timings never reach the drift detector; the cold step's feed nothing."""
+    """The network changed and a probe left a steep slope (the allgather predicted 3x dearer
+    per byte than it is): a span at c_low measures the true cost there. One span off the model
+    is only counted; the next one off on the same side refits the line, the prediction at the
+    span's CR moves, and the model counts one recalibration. The spans' timings never reach the
+    drift detector; the cold step's feed nothing."""
     ctrl = _span_ctrl(span_steps=2, span_every=5)
     size = {c: ctrl.payload_bytes(round(c * NUMEL))["allgather"] for c in (0.1, 0.01, 0.001)}
     truth = {c: 50.0 + 1e-4 * size[c] for c in size}  # fixed cost 50 ms, 1e-4 ms/byte
@@ -350,12 +351,25 @@ def test_span_timings_relearn_the_slope_without_firing_drift():
     assert ctrl.predict(0.001)["allgather"] == pytest.approx(steep_at_low)
     assert ctrl.predict(0.1)["allgather"] == pytest.approx(steep_at_high)
     ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")
-    # the probe's samples are gone: the line runs through the steps at 0.01 and the span
-    assert ctrl.model.fits["allgather"].n_sizes == 2
+    # off once: counted, the model untouched
+    assert (ctrl.n_span_offs, ctrl.span_off_side, ctrl.n_span_moves) == (1, "high", 0)
+    assert ctrl.predict(0.1)["allgather"] == pytest.approx(steep_at_high)
+    assert ctrl.model_version == version
+    assert (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key) == drift_state
+    for step in range(8, 11):
+        assert ctrl.step_cr(step, 0.01) == (0.01, None)
+        ctrl.observe_step(_ag_control(truth[0.01]), 0.01)
+    drift_state = (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key)
+    assert [ctrl.step_cr(step, 0.01) for step in (11, 12)] == [(0.001, "span")] * 2
+    ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")
+    ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")
+    # off twice on the same side: the probe's samples are gone, the line runs through the steps
+    # at 0.01 and the span
+    assert ctrl.model.fits["allgather"].n_sizes == 2 and ctrl.span_off_side is None
     for c in (0.1, 0.01, 0.001):
         assert ctrl.predict(c)["allgather"] == pytest.approx(truth[c], rel=1e-6)
     assert steep_at_high > 1.5 * truth[0.1]
-    assert ctrl.model_version == version + 1 and ctrl.n_span_moves == 1
+    assert ctrl.model_version == version + 1 and ctrl.n_span_moves == 1 and ctrl.n_span_offs == 1
     ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")  # counted once per span
     assert ctrl.model_version == version + 1
     assert not ctrl.probe_due
@@ -424,8 +438,10 @@ def _run_span(ctrl, start, measured_ms):
 def test_a_span_confirms_the_model_or_recalibrates_it(factors, confirmed):
     """A span's timings are judged against the prediction at its CR: when they confirm it (some
     step within drift_threshold, or steps on both sides) they are dropped and the probe's slope
-    (measured over the whole range) stays; when every step is off on the same side, the line is
-    refitted through the steps at the CR in use and the span's end, and a move is counted."""
+    (measured over the whole range) stays; when every step is off on the same side, the span is
+    counted as off and kept out of the model, and only when the next span is off on the same
+    side too is the line refitted through the steps at the CR in use and that span's end, and a
+    move counted."""
     ctrl = _span_ctrl(ag_ms_per_byte=1e-4, span_steps=len(factors) + 1, span_every=5)
     for _ in range(1, 5):
         ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
@@ -436,18 +452,71 @@ def test_a_span_confirms_the_model_or_recalibrates_it(factors, confirmed):
     cr, roles = _run_span(ctrl, 5, [f * expected for f in factors])
     assert cr == 0.001 and roles == ["cold"] + ["span"] * len(factors)
     assert not ctrl.span_open and ctrl.n_span_steps == len(factors) + 1
+    unchanged = fit.n_samples == n_samples and fit.b_ms_per_byte == slope and {
+        c: ctrl.predict(c)["allgather"] for c in before} == before
     if confirmed:
-        assert (ctrl.n_span_confirms, ctrl.n_span_moves) == (1, 0)
-        assert fit.n_samples == n_samples and fit.b_ms_per_byte == slope
-        assert {c: ctrl.predict(c)["allgather"] for c in before} == before
+        assert (ctrl.n_span_confirms, ctrl.n_span_moves, ctrl.n_span_offs) == (1, 0, 0)
+        assert unchanged
     else:
-        assert ctrl.n_span_confirms == 0 and ctrl.n_span_moves == 1
+        assert (ctrl.n_span_confirms, ctrl.n_span_moves, ctrl.n_span_offs) == (0, 0, 1)
+        assert unchanged and ctrl.span_off_side == ("high" if factors[0] > 1 else "low")
+        step = 5 + len(roles)
+        while ctrl.step_cr(step, 0.01) == (0.01, None):  # steps at the CR in use, as predicted
+            ctrl.observe_step(_ag_control(before[0.01]), 0.01)
+            step += 1
+        # the span has started at ``step`` (warm now: every step timed); off again, same side
+        for i in range(1, ctrl.mode.span_steps):
+            assert ctrl.step_cr(step + i, 0.01) == (0.001, "span")
+        for f in list(factors) + [factors[-1]]:
+            ctrl.observe_step(_ag_control(f * expected), 0.001, "span")
+        assert ctrl.n_span_moves == 1 and ctrl.span_off_side is None
         assert fit.n_sizes == 2  # the steps at 0.01 and the span's end: the probe's are gone
         # the line runs through the span's median at its end and the steps at the CR in use
-        median = statistics.median(factors) * expected
+        median = statistics.median(list(factors) + [factors[-1]]) * expected
         assert ctrl.predict(0.001)["allgather"] == pytest.approx(median, rel=1e-6)
         assert ctrl.predict(0.01)["allgather"] == pytest.approx(before[0.01], rel=1e-6)
     assert not ctrl.probe_due and ctrl.drift.count == 0
+
+
+def test_off_spans_recalibrate_only_twice_in_a_row_on_the_same_side():
+    """Off high, then off low: neither refits (noise on both sides over two spans); a confirm
+    in between forgets an off span; a probe forgets it too; the state survives a checkpoint."""
+    ctrl = _span_ctrl(ag_ms_per_byte=1e-4, span_steps=3, span_every=5)
+    for _ in range(1, 5):
+        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    expected = ctrl.predict(0.001)["allgather"]
+    before = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.01, 0.001)}
+
+    def span(start, factor, n_timed):
+        step = start
+        while ctrl.step_cr(step, 0.01) == (0.01, None):
+            ctrl.observe_step(_ag_control(before[0.01]), 0.01)
+            step += 1
+        for i in range(1, ctrl.mode.span_steps):
+            ctrl.step_cr(step + i, 0.01)
+        if n_timed < ctrl.mode.span_steps:
+            ctrl.observe_step(_ag_control(1e6), 0.001, "cold")
+        for _ in range(n_timed):
+            ctrl.observe_step(_ag_control(factor * expected), 0.001, "span")
+        return step + ctrl.mode.span_steps
+
+    step = span(5, 1.6, 2)
+    assert (ctrl.n_span_offs, ctrl.span_off_side) == (1, "high")
+    step = span(step, 0.5, 3)
+    assert (ctrl.n_span_offs, ctrl.span_off_side, ctrl.n_span_moves) == (2, "low", 0)
+    step = span(step, 1.0, 3)  # confirms: the off span before it is forgotten
+    assert (ctrl.n_span_confirms, ctrl.span_off_side) == (1, None)
+    step = span(step, 1.6, 3)
+    assert ctrl.span_off_side == "high"
+    other = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
+    other.load_dict(ctrl.to_dict())
+    assert (other.n_span_offs, other.span_off_side) == (3, "high")
+    for c, ms in before.items():  # never refitted (the steps at 0.01 re-anchor it in place)
+        assert ctrl.predict(c)["allgather"] == pytest.approx(ms, rel=1e-9)
+    assert ctrl.n_span_moves == 0
+    ctrl.drift_probe_due = True
+    assert _probe(ctrl, step, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-2)[1] == "drift"
+    assert ctrl.span_off_side is None
 
 
 def test_a_probe_abandons_the_span_under_way():

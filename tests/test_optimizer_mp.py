@@ -135,7 +135,7 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
         assert r["crs_agree"] and r["crs"] == r0["crs"] and r["changes"] == r0["changes"]
         assert r["announcements"] == r0["announcements"]
         assert r["spans"] == r0["spans"] and r["span_moves"] == r0["span_moves"]
-        assert r["span_confirms"] == r0["span_confirms"]
+        assert r["span_confirms"] == r0["span_confirms"] and r["span_offs"] == r0["span_offs"]
     crs, spans = r0["crs"], r0["spans"]
     # span steps: runs of 3 real steps at an end of the candidates, every rank at the same steps
     span_steps = [i for i, s in enumerate(spans) if s]
@@ -150,7 +150,7 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     assert all(crs[i] in (0.001, 0.1) for i in span_steps), [crs[i] for i in span_steps]
     # each span was judged once its last timings arrived (one cut by the run's end, or by a probe,
     # is not)
-    assert 1 <= r0["span_moves"] + r0["span_confirms"] <= len(runs)
+    assert 1 <= r0["span_moves"] + r0["span_confirms"] + r0["span_offs"] <= len(runs)
     assert min(span_steps) >= 30  # not in the warm-up
     assert crs[0] == 1.0 and r0["paths"][0] == "dense"  # warm-up starts dense
     assert all(a >= b for a, b in zip(crs[:30], crs[1:30]))  # and ramps down
