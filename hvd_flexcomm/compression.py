@@ -240,9 +240,8 @@ class Adaptive(Flexible):
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.
     - Re-optimise when the smoothed gain moves by ``gain_threshold`` (fraction) since the last
       optimisation, when the network model was recalibrated (drift), or (``time_scale="tta"``
-      or ``"step"``)
-      when rank 0's median time outside communication per step moves by ``other_ms_threshold``
-      (fraction) from the value the last optimisation was normalised by; at most every
+      or ``"step"``) when rank 0's median time outside communication per step moves by
+      ``other_ms_threshold`` (fraction) from the value the last optimisation used; at most every
       ``min_interval`` steps. With ``"tta"`` or ``"step"`` the first optimisation waits for one
       measured step (step 1 without a warm-up), so that no pick is made blind to computation.
       The default 0.5 lies above the noise: at 5 ms one way and N=4 on a 2-core machine the

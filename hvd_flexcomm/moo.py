@@ -2,8 +2,8 @@
 
 Pure functions (no Horovod): fit smooth curves through per-candidate measurements, solve the
 two-objective problem ``min_c (t(c), 1/gain(c))`` over ``c in [c_low, c_high]`` with pymoo's
-NSGA-II, and pick one point of the Pareto front with an achievement scalarizing function (ASF) on
-the normalised front, with weights (default 0.6 time / 0.4 gain, as the paper).
+NSGA-II, and pick one point of the Pareto front with weights (default 0.6 time / 0.4 gain, as the
+paper), by one of two decompositions.
 
 Two ways to pick the point (``pick``):
 
