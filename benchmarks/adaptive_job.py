@@ -237,7 +237,8 @@ class Job:
                 "announcements": ada.n_announcements, "kept": ada.n_kept,
                 "solves": [{"step": s["step"], "reason": s["reason"],
                             "seconds": None if s["end"] is None else s["end"] - s["start"],
-                            "comm_ms": s["comm_ms"], "compress_ms": s.get("compress_ms"),
+                            "comm_ms": s["comm_ms"], "paths": s.get("paths"),
+                            "compress_ms": s.get("compress_ms"),
                             "gains": s["gains"],
                             "other_ms": s["other_ms"], "cr": s["cr"]}
                            for s in ada.solves],
