@@ -548,7 +548,7 @@ def markdown(result: dict[str, Any]) -> str:
                      + ("" if ada.get("span_confirms") is None else
                         f", {ada['span_confirms']} confirmed it")
                      + ("." if ada.get("span_offs") is None else
-                        f", {ada['span_offs']} were off once and kept out of it.")
+                        f", {ada['span_offs']} off it once, kept out of it.")
                      if ada.get("span_steps") else "")]
     if a.get("adaptive"):
         ratio = a.get("ratio_adaptive_vs_best_fixed")
