@@ -121,28 +121,31 @@ QUICK_WARMUP = 10
 TRAIN_IMAGES = 60_000
 
 
+#: ``--methods`` names of Adaptive's variants: (display name, options beyond the warm-up)
+ADAPTIVE_VARIANTS = {
+    "adaptive": ("Adaptive", {}),
+    "adaptive-step": ("Adaptive (step-normalised ASF)", {"time_scale": "step"}),
+    "adaptive-front": ("Adaptive (front-normalised)", {"time_scale": "front"}),
+    "adaptive-tta": ("Adaptive (time-to-accuracy pick)", {"time_scale": "tta"}),
+}
+
+
 def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
     """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` /
     ``adaptive-step[:W]`` / ``adaptive-front[:W]`` / ``adaptive-tta[:W]`` -> a plan entry."""
     kind, _, arg = text.lower().partition(":")
     if kind == "dense":
         return {"name": "Dense", "kind": "dense", "cr": 1.0}
-    if kind in ("adaptive", "adaptive-step", "adaptive-front", "adaptive-tta"):  # ":W": warm-up
-        name, options = "Adaptive", {}
-        if kind == "adaptive-step":
-            name, options = "Adaptive (step-normalised ASF)", {"time_scale": "step"}
-        elif kind == "adaptive-front":
-            name, options = "Adaptive (front-normalised)", {"time_scale": "front"}
-        elif kind == "adaptive-tta":
-            name, options = "Adaptive (time-to-accuracy pick)", {"time_scale": "tta"}
+    if kind in ADAPTIVE_VARIANTS:  # ":W": a warm-up of W steps instead of the default
+        name, options = ADAPTIVE_VARIANTS[kind]
         if arg:
             warmup_steps = int(arg)
             name = f"{name} (warm-up {warmup_steps})"
         return {"name": name, "kind": "adaptive", "cr": None,
                 "options": {"warmup_steps": warmup_steps, **options}}
     if kind not in ("ag", "ar", "flexible") or not arg:
-        raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR, adaptive, "
-                         "adaptive-step, adaptive-front or adaptive-tta")
+        raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR or one of "
+                         f"{', '.join(ADAPTIVE_VARIANTS)}")
     cr = float(arg)
     if not 0 < cr <= 1:
         raise ValueError(f"bad CR in {text!r}")

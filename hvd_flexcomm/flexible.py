@@ -490,17 +490,16 @@ class FlexibleController:
         expected = before[cr]  # a span's CR is an end of the candidates
         measured = [sum(ms for _, _, ms in step_samples) for step_samples in timed]
         thr = self.mode.drift_threshold
-        off = (all(m > (1.0 + thr) * expected for m in measured)
-               or all(m < (1.0 - thr) * expected for m in measured))
+        side = ("high" if all(m > (1.0 + thr) * expected for m in measured) else
+                "low" if all(m < (1.0 - thr) * expected for m in measured) else None)
         shown = ", ".join(f"{m:.1f}" for m in measured)
-        if not (off or after_drift):
+        if side is None and not after_drift:
             self.n_span_confirms += 1
             self.span_off_side = None
             log.info("hvd_flexcomm: the span at cr %g confirmed the model: measured %s ms on the "
                      "%s, predicted %.1f ms (within %.0f%% or on both sides)", cr, shown, path,
                      expected, 100 * thr)
             return
-        side = "high" if measured[0] > expected else "low"
         if not after_drift and self.span_off_side != side:
             self.span_off_side = side
             self.n_span_offs += 1
