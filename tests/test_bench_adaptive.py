@@ -271,3 +271,20 @@ def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
     for bad in ("adaptive-slow", "ag", "ag:2"):
         with pytest.raises(ValueError, match=bad):
             parse_method(bad, 50)
+
+
+def test_repick_solves_finds_the_time_to_accuracy_optimum_of_exact_curves():
+    """``repick_solves.py`` on one recorded solve with exact curves ``t = a + b·c`` and
+    ``g = A·c^p``: the "tta" pick is the closed-form minimum of ``(t + other)^0.6 · g^-0.4``
+    (within the grid's spacing), and on this latency-heavy line the ASF picks lie below it."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from repick_solves import repick
+
+    crs = [0.1, 0.033, 0.011, 0.004, 0.001]
+    a, b, p, other = 400.0, 2800.0, 0.5, 30.0
+    solve = {"comm_ms": [a + b * c for c in crs], "compress_ms": None,
+             "gains": [0.8 * (c / 0.1) ** p for c in crs], "other_ms": other}
+    want = 0.4 * p * (a + other) / (b * (0.6 - 0.4 * p))  # 0.0768
+    picks = repick(solve, crs)
+    assert picks["tta"] == pytest.approx(want, rel=0.02)
+    assert picks["step"] < picks["tta"] and picks["front"] < picks["tta"]
