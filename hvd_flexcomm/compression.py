@@ -304,9 +304,10 @@ class Adaptive(Flexible):
       keeps what a span step at ``c_low`` does not send. With span steps, drift runs Flexible's
       drift probe (the path not in use at the k in use; the path in use re-anchored on its
       recent steps) instead of a full probe over every candidate's size (13.2 s at 25 ms one
-      way in one run), and a span follows 10 steps later (``flexible.SPAN_SETTLE_STEPS``); that
-      span recalibrates whatever it measures. ``span_steps=0`` turns span steps off (drift then
-      runs a full probe).
+      way in one run), and a span follows 10 steps later (``flexible.SPAN_SETTLE_STEPS``), then
+      one on the other sparse path (the drift probe timed it at the k in use only, so its slope
+      was the old network's); these two spans recalibrate whatever they measure.
+      ``span_steps=0`` turns span steps off (drift then runs a full probe).
     """
 
     cr: float = 0.1

@@ -105,8 +105,8 @@ class FlexibleController:
         self.dense_until_step = 0
         # Adaptive's span steps (see :meth:`step_cr`): the CR and steps left of the span under
         # way, its start, the predictions at both ends of the candidates before it, the predicted
-        # extra ms of all spans (shared, in the budget with the refreshes), the sizes (k) whose
-        # names this process used (a new process negotiates them again, so they are not
+        # extra ms of all spans (shared, in the budget with the refreshes), the (path, k) pairs
+        # whose names this process used (a new process negotiates them again, so they are not
         # checkpointed), the counts of span steps, of spans that moved the model and of spans
         # whose timings confirmed it
         self.span_cr: Optional[float] = None
@@ -134,6 +134,12 @@ class FlexibleController:
         #: measures: the first look at the slopes of the new network)
         self.span_soon_step: Optional[int] = None
         self.span_after_drift = False
+        #: after a drift probe, both sparse paths get a span: the first on the path in use,
+        #: then one on the other path (``span_second_path``, forced for its steps). The drift
+        #: probe times the path not in use at the k in use only, so without it that path kept
+        #: the old network's slope (see :meth:`_close_span`).
+        self.span_other_due = False
+        self.span_second_path: Optional[str] = None
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -267,8 +273,10 @@ class FlexibleController:
             self.n_full_probes += 1
         else:
             self.n_drift_probes += 1
-            if self.spans_on:  # the slopes of the new network: a span once the link settled
+            if self.spans_on:  # the slopes of the new network: spans once the link settled
                 self.span_soon_step = step + SPAN_SETTLE_STEPS
+        self.span_other_due = kind == "drift" and self.spans_on
+        self.span_second_path = None
         self.drift_probe_due = False
         self.recent_steps.clear()
         self.drift.reset()
@@ -310,9 +318,18 @@ class FlexibleController:
         A span starts when ``span_every`` steps have passed since the last probe, the end of
         the warm-up and the last span start, no probe is due, the last span was judged and the
         path is sparse; its CR is the end of ``probe_crs`` at least :data:`SPAN_MIN_RATIO`
-        times away from ``cr`` (in k) with the lower predicted extra time on the path in use
-        (zero when it is cheaper than ``cr``), and it runs only within the budget
-        (:meth:`_within_budget`). Pure function of shared state: every rank returns the same."""
+        times away from ``cr`` (in k) with the lower predicted extra time on the span's path
+        (zero when it is cheaper than ``cr`` on the path in use), and it runs only within the
+        budget (:meth:`_within_budget`). Pure function of shared state: every rank returns the
+        same.
+
+        The span's path is the path in use, except for the second of the two spans after a drift
+        probe, which runs on the other sparse path (``span_second_path``): the drift probe
+        timed that path at the k in use only, and its slope was the old network's. (In a run
+        from unlimited, 25 ms to 100 Mbit/s, 5 ms one way, the route moved to AR-Topk after the
+        drift probe, the spans re-measured AR-Topk only, and the allgather kept the 25 ms link's
+        flat slope: the solver saw 313 ms at CR 0.1 and 212 ms at 0.001, where AG-Topk at 0.01
+        took 106 ms.) A span step runs on :meth:`step_path`; :attr:`path` stays the route."""
         if self.span_left > 0:
             self.span_left -= 1
             self.n_span_steps += 1
@@ -327,13 +344,14 @@ class FlexibleController:
         if since < self.mode.span_every and not soon:
             return cr, None
         k = k_for(cr, self.numel)
+        path = self.span_second_path or self.path
         now_ms = self.predict(cr)[self.path]
         options = []
         for end in (min(self.probe_crs), max(self.probe_crs)):
             k_end = k_for(end, self.numel)
             if max(k_end, k) < SPAN_MIN_RATIO * min(k_end, k):
                 continue
-            end_ms = self.predict(end)[self.path]
+            end_ms = self.predict(end)[path]
             options.append((n * max(0.0, end_ms - now_ms), end, end_ms, k_end))
         if not options:
             return cr, None
@@ -343,15 +361,22 @@ class FlexibleController:
         self.span_ms_total += extra_ms
         self.span_after_drift, self.span_soon_step = soon, None
         self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
-        self.span_base_cr, self.span_path = cr, self.path
+        self.span_base_cr, self.span_path, self.span_second_path = cr, path, None
         self.span_observed, self.span_samples = 0, []
-        self.span_before_ms = self._span_ends_ms()
+        self.span_before_ms = self._span_ends_ms(path)
         self.n_span_steps += 1
-        cold = k_end not in self.spanned_ks
-        self.spanned_ks.add(k_end)
-        log.info("hvd_flexcomm: step %d: span of %d step(s) at cr %g on the %s (cr in use %g; "
-                 "predicted %.1f ms against %.1f ms)", step, n, end, self.path, cr, end_ms, now_ms)
+        cold = (path, k_end) not in self.spanned_ks
+        self.spanned_ks.add((path, k_end))
+        log.info("hvd_flexcomm: step %d: span of %d step(s) at cr %g on the %s%s (cr in use %g; "
+                 "predicted %.1f ms against %.1f ms)", step, n, end, path,
+                 "" if path == self.path else f", not the {self.path} in use,", cr, end_ms, now_ms)
         return end, ("cold" if cold else "span")
+
+    def step_path(self, role: Optional[str]) -> Optional[str]:
+        """The path of a step whose span role (from :meth:`step_cr`) is ``role``: the span's path
+        at span steps (the other sparse path for the second span after a drift probe), else the
+        path in use (:attr:`path`)."""
+        return self.span_path if role is not None and self.span_path else self.path
 
     # -- steps -----------------------------------------------------------------------------------
     def decide(self, step: int, cr: float) -> str:
@@ -475,7 +500,8 @@ class FlexibleController:
           predicted (the 6 spans after it confirmed), and the refitted line was flat, 112-114 ms at
           every candidate from 0.001 to 0.1 (about 330 ms measured at 0.1);
         - **off twice** (the next routine span off on the same side too), or the span that
-          follows a drift probe: the span's kinds drop their samples at
+          follows a drift probe (one on each sparse path, the path in use first): the
+          span's kinds drop their samples at
           every size but the one in use
           (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`) and take the span's
           timings: the path's line rests on real steps, the CR in use and the span's end. If
@@ -485,6 +511,10 @@ class FlexibleController:
         before, timed = self.span_before_ms, self.span_samples
         after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
         self._end_span()
+        if after_drift and self.span_other_due:  # the other sparse path's span, at once
+            self.span_other_due = False
+            self.span_second_path = "allreduce" if path == "allgather" else "allgather"
+            self.span_soon_step = 0
         if not timed:  # its steps ran on another path, or only its cold step was timed
             return
         expected = before[cr]  # a span's CR is an end of the candidates
@@ -547,7 +577,8 @@ class FlexibleController:
                 "n_span_steps": self.n_span_steps,
                 "n_span_moves": self.n_span_moves, "n_span_confirms": self.n_span_confirms,
                 "n_span_offs": self.n_span_offs, "span_off_side": self.span_off_side,
-                "span_soon_step": self.span_soon_step}
+                "span_soon_step": self.span_soon_step, "span_other_due": self.span_other_due,
+                "span_second_path": self.span_second_path}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -572,4 +603,6 @@ class FlexibleController:
         self.span_off_side = state.get("span_off_side")
         self._end_span()  # a span under way is not resumed (its timings were this process's)
         self.span_soon_step = state.get("span_soon_step")
+        self.span_other_due = bool(state.get("span_other_due", False))
+        self.span_second_path = state.get("span_second_path")
         self.full_probe_due = not self.model.is_calibrated()

@@ -123,7 +123,7 @@ class _FlexMethods(torch.optim.Optimizer):
         if self._flex_cr >= 1.0:
             return "dense"
         if self._flex_controller is not None:
-            return self._flex_controller.path
+            return self._flex_controller.step_path(self._flex_role)
         return mode.collective
 
     def _flex_step_config(self) -> StepConfig:
@@ -324,7 +324,7 @@ class _FlexMethods(torch.optim.Optimizer):
         """Flexible: learn from the previous step's timings (minima over ranks, received in this
         step's payload, identical on every rank) and decide the next step's path."""
         ctrl, cr = self._flex_controller, self._flex_base_cr
-        path = ctrl.path
+        path = self._flex_path()  # this step's (a span step's path may not be the route's)
         # this rank's own times (from _flex_record); the payload delivers each one's minimum over
         # ranks (sync.py)
         timings = tuple(self.last_stats["timings_ms"])

@@ -410,8 +410,77 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
     assert ctrl.model_version == version
     ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
-    assert ctrl.model_version == version + 1 and ctrl.span_soon_step is None
+    assert ctrl.model_version == version + 1
     assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
+    # the other sparse path's span is due at once, within the budget: AR-Topk at c_low costs
+    # far more than the allgather in use here, so it waits
+    assert (ctrl.span_second_path, ctrl.span_soon_step, ctrl.span_other_due) == ("allreduce", 0,
+                                                                                  False)
+    assert ctrl.step_cr(6 + SPAN_SETTLE_STEPS, 0.01) == (0.01, None)
+    assert ctrl.span_second_path == "allreduce"
+
+
+def test_after_drift_the_path_not_in_use_gets_a_span_of_its_own():
+    """The reverse of a latency-bound link: the allgather in use was nearly flat per byte, the
+    network turns bandwidth-bound and AR-Topk cheaper. The drift probe times AR-Topk at the k in
+    use and the route moves to it; the span after drift re-slopes AR-Topk (the path in use), and
+    a second span, on the allgather, re-slopes the path that is no longer in use. Before that
+    second span the allgather's line is the old network's (flat through the size in use)."""
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
+
+    ctrl = _span_ctrl(span_steps=2, span_every=500)
+    truth_slope = {"allgather": 1e-4, "broadcast": 1e-5, "allreduce": 1e-5}
+    truth_fixed = {"allgather": 5.0, "broadcast": 2.0, "allreduce": 2.0}
+
+    def true_ms(kind, nbytes):
+        return truth_fixed[kind] + truth_slope[kind] * nbytes
+
+    def control(path, cr):
+        sizes = ctrl.payload_bytes(round(cr * NUMEL))
+        if path == "allgather":
+            return _ag_control(true_ms("allgather", sizes["allgather"]))
+        return [PATH_CODES["allreduce"], true_ms("broadcast", sizes["broadcast"]),
+                true_ms("allreduce", sizes["allreduce"]), 0.0, 0.0]
+
+    def true_path_ms(path, cr):
+        sizes = ctrl.payload_bytes(round(cr * NUMEL))
+        kinds = ("allgather",) if path == "allgather" else ("broadcast", "allreduce")
+        return sum(true_ms(kind, sizes[kind]) for kind in kinds)
+
+    for _ in range(3):  # the allgather now costs its new, steep price at the k in use
+        ctrl.observe_step(control("allgather", 0.01), 0.01)
+    assert ctrl.drift_probe_due
+    plan, repeats, what = ctrl.probe_plan(1, 0.01)
+    assert what == "drift" and {kind for kind, _ in plan} == {"broadcast", "allreduce"}
+    ctrl.after_probe(1, [(kind, nbytes, true_ms(kind, nbytes)) for kind, nbytes in plan
+                         for _ in range(repeats)], what, spent_ms=1.0)
+    assert ctrl.decide(1, 0.01) == "allreduce"
+    stale_ag = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.001)}
+    assert stale_ag[0.001] > 2 * true_path_ms("allgather", 0.001)  # the old, flat slope
+    version, step, paths = ctrl.model_version, 2, []
+    while ctrl.n_span_moves < 2 and step < 2000:
+        cr, role = ctrl.step_cr(step, 0.01)
+        path = ctrl.step_path(role)
+        paths.append((step, cr, path, role))
+        ctrl.observe_step(control(path, cr), cr, role)
+        ctrl.decide(step + 1, 0.01)
+        step += 1
+    spans = [(s, cr, path, role) for s, cr, path, role in paths if role is not None]
+    assert [(cr, path, role) for _, cr, path, role in spans] == [
+        (0.001, "allreduce", "cold"), (0.001, "allreduce", "span"),
+        (0.001, "allgather", "cold"), (0.001, "allgather", "span")]
+    assert spans[0][0] == 1 + SPAN_SETTLE_STEPS
+    assert ctrl.path == "allreduce"  # the route: span steps do not move it
+    assert all(path == "allreduce" for _, _, path, role in paths if role is None)
+    assert ctrl.model_version == version + 2 and ctrl.span_second_path is None
+    for c in (0.1, 0.01, 0.001):  # both lines now rest on the new network's steps
+        for path in ("allgather", "allreduce"):
+            assert ctrl.predict(c)[path] == pytest.approx(true_path_ms(path, c), rel=1e-6)
+    assert ctrl.span_ms_total <= 0.02 * ctrl.step_comm_ms_total
+    other = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
+    ctrl.span_other_due, ctrl.span_second_path = True, "allgather"
+    other.load_dict(ctrl.to_dict())
+    assert (other.span_other_due, other.span_second_path) == (True, "allgather")
 
 
 def _run_span(ctrl, start, measured_ms):

@@ -1,5 +1,7 @@
 """Multi-process tests of the DistributedOptimizer (real horovodrun, Gloo unless stated)."""
 
+import math
+
 import pytest
 
 from tests.harness import run_parallel
@@ -172,6 +174,38 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     assert kept and set(kept) <= set(crs[30:]), kept
     assert results[1]["compress_steps"] == {}
     assert r0["solves_compress_ms"][0] is None  # the first solve ran on CR 0.1 alone
+
+
+def test_after_drift_a_span_runs_on_each_sparse_path_on_every_rank():
+    """After a drift probe, Adaptive spans the path in use and then the other sparse path (whose
+    slope the drift probe did not measure): on real collectives every rank runs the same span
+    steps on the same paths, the second span's steps take the other path, the step after a span
+    takes the route, training goes on (the payload's agreement hash checks step, CR and path on
+    every step), and each span recalibrates (Adaptive re-solves)."""
+    results = run_parallel("tests.mp_bodies:spans_after_drift", np=2, timeout=180)
+    r0 = results[0]
+    for r in results[1:]:
+        assert r["rows"] == r0["rows"] and r["versions"] == r0["versions"]
+    assert all(r["params_agree"] for r in results)
+    rows = r0["rows"]
+    span_steps = [i for i, (_, _, _, span) in enumerate(rows) if span]
+    assert span_steps[0] >= 30 and len(span_steps) == 6, rows
+    first, second = span_steps[:3], span_steps[3:]
+    assert first == list(range(first[0], first[0] + 3))
+    assert second == list(range(second[0], second[0] + 3))
+    # (a row's route is ctrl.path after the step: the route decided for the next step)
+    first_path = rows[first[0] - 1][2]  # the first span runs on the route of its first step
+    assert all(rows[i][1] == first_path for i in first), rows
+    other = ({"allgather", "allreduce"} - {first_path}).pop()
+    assert all(rows[i][1] == other for i in second), rows  # the second on the other path
+    assert all(rows[i][0] in (0.001, 0.1) for i in span_steps)  # an end of the candidates
+    assert r0["span_moves"] == 2 and r0["versions"][-1] == r0["versions"][span_steps[0] - 1] + 2
+    # a span step never moves the route: the step after a span takes the route decided then
+    # (unless a new CR was announced for that step: it is routed afresh)
+    for start, end in ((first[0], first[-1]), (second[0], second[-1])):
+        if rows[end + 1][0] == rows[start - 1][0]:
+            assert rows[end + 1][1] == rows[end][2], rows
+    assert all(math.isfinite(v) for v in r0["losses"])
 
 
 @pytest.mark.parametrize("kind", ["ag", "var"])
