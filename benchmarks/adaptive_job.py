@@ -240,7 +240,9 @@ class Job:
                             "comm_ms": s["comm_ms"], "paths": s.get("paths"),
                             "compress_ms": s.get("compress_ms"),
                             "gains": s["gains"],
-                            "other_ms": s["other_ms"], "cr": s["cr"]}
+                            "other_ms": s["other_ms"], "cr": s["cr"],
+                            "current_cr": s.get("current_cr"),
+                            "current_excess": s.get("current_excess")}
                            for s in ada.solves],
                 "failed": ada.failed, "last_result": None if res is None else res.explain(),
                 "gains": ada.tracker.to_dict()}

@@ -545,7 +545,8 @@ def markdown(result: dict[str, Any]) -> str:
                   f"(step, CR): {ada['cr_changes']}; {ada.get('announcements', '?')} announcement "
                   "broadcasts"
                   + ("." if ada.get("kept") is None else
-                     f"; {ada['kept']} solved CR(s) within min_cr_change of the CR, not announced.")
+                     f"; {ada['kept']} solved CR(s) not announced (within min_cr_change of the CR, "
+                     "or predicted to save less than min_tta_gain of the time to accuracy).")
                   + (f" Span steps (left out of the range and mean): {ada['span_steps']}, "
                      f"{ada.get('span_moves') or 0} span(s) moved the model"
                      + ("" if ada.get("span_confirms") is None else

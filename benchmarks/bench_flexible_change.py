@@ -332,7 +332,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                       ("drift_patience", args.drift_patience),
                                       ("reprobe_interval", args.reprobe_interval)) if v is not None}
     adaptive_options = ({"min_interval": args.min_interval, "gain_threshold": args.gain_threshold,
-                         "min_cr_change": 0.0} if args.adaptive else None)
+                         "min_cr_change": 0.0, "min_tta_gain": 0.0} if args.adaptive else None)
     plan = {"kind": "change", "numel": args.numel, "cr": args.cr, "steps": args.steps,
             "changes": [[s, i] for i, s in enumerate(changes)], "flex_options": flex_options,
             "adaptive_options": adaptive_options, "barrier": not args.no_barrier}

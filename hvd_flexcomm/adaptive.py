@@ -131,8 +131,9 @@ class AdaptiveController:
         #: rank 0, one per solve: step, reason, start/end (perf_counter s), its inputs (candidate
         #: ``crs``, predicted ``comm_ms`` of the cheaper path at each and which ``paths``, smoothed
         #: ``gains``), the step's time outside communication ``other_ms`` the time objective was
-        #: normalised by (None: the paper's normalisation) and the solved ``cr`` (None until done,
-        #: or if it failed)
+        #: normalised by (None: the paper's normalisation), the solved ``cr`` (None until done,
+        #: or if it failed), the ``current_cr`` in use and, under the time pick, by what fraction
+        #: keeping it was predicted to lengthen the time to accuracy (``current_excess``)
         self.solves: list[dict] = []
         #: rank 0: recent steps' time outside communication (ms), see :meth:`note_other_ms`
         self.other_samples_ms: deque = deque(maxlen=OTHER_MS_WINDOW)
@@ -141,7 +142,9 @@ class AdaptiveController:
         self.failed = False
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self.last_announce_step: Optional[int] = None
-        self.n_kept = 0  # rank 0: solved CRs not announced (within min_cr_change of the CR)
+        #: rank 0: solved CRs not announced (within min_cr_change of the CR, or predicted to
+        #: save less than min_tta_gain of the time to accuracy)
+        self.n_kept = 0
         self._pending: Optional[float] = None  # rank 0: a solved CR waiting for its announcement
         #: the broadcast of an announcement in flight (every rank) and the step it takes effect
         self._announcement: Optional[Future] = None
@@ -264,6 +267,14 @@ class AdaptiveController:
                      "(min_cr_change), no announcement", current, cr,
                      100 * self.mode.min_cr_change)
             return None
+        excess = result.current_excess
+        if (excess is not None and result.current_cr == current and self.mode.min_tta_gain > 0
+                and excess < self.mode.min_tta_gain):
+            self.n_kept += 1
+            log.info("hvd_flexcomm: keeping cr=%g: the solved %g is predicted to reach accuracy "
+                     "only %.1f%% sooner (min_tta_gain %g%%), no announcement", current, cr,
+                     100 * excess, 100 * self.mode.min_tta_gain)
+            return None
         return cr
 
     def note_other_ms(self, ms: float) -> None:
@@ -364,6 +375,7 @@ class AdaptiveController:
             return
         time_ms = comm_ms if compress_ms is None else [a + b for a, b in zip(comm_ms, compress_ms)]
         other_ms = self.other_ms()
+        current_cr = self._offered if self._offered is not None else self.cr
         self.last_other_ms = other_ms
         self.tracker.mark_reference()
         self.last_model_version = self.model_version()
@@ -377,15 +389,17 @@ class AdaptiveController:
                   " (compression not measured at two CRs yet)"))
         record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None,
                   "crs": crs, "comm_ms": comm_ms, "compress_ms": compress_ms, "paths": paths,
-                  "gains": gains, "other_ms": other_ms, "cr": None}
+                  "gains": gains, "other_ms": other_ms, "cr": None, "current_cr": current_cr,
+                  "current_excess": None}
         self.solves.append(record)
 
         def job() -> MooResult:
             try:
                 result = solve_cr(crs, time_ms, gains, mode.c_low, mode.c_high, mode.weights,
                                   mode.pop_size, mode.n_gen, other_ms=other_ms,
-                                  pick="tta" if mode.time_scale == "tta" else "asf")
-                record["cr"] = result.cr
+                                  pick="tta" if mode.time_scale == "tta" else "asf",
+                                  current_cr=current_cr)
+                record["cr"], record["current_excess"] = result.cr, result.current_excess
                 return result
             finally:
                 record["end"] = time.perf_counter()
@@ -418,7 +432,8 @@ class AdaptiveController:
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
                                                        "gain": r.gain, "curves": r.curves,
                                                        "front": r.front, "other_ms": r.other_ms,
-                                                       "pick": r.pick}}
+                                                       "pick": r.pick, "current_cr": r.current_cr,
+                                                       "current_excess": r.current_excess}}
 
     def load_dict(self, state: dict) -> None:
         self.cr = float(state.get("cr", self.cr))

@@ -253,6 +253,13 @@ class Adaptive(Flexible):
       around it: 0.7–1.2 s per change at 25 ms one way and N=4, against 1.4–1.6 s blocking, and
       0.3–0.4 s blocking at 5 ms one way (``docs/performance/horovod_op_cost.md``,
       ``adaptive_span_steps.md``), for a CR a few percent off; 0 announces every solve.
+    - ``min_tta_gain`` (fraction; ``time_scale="tta"`` only): a solved CR is announced only if
+      keeping the CR in use is predicted to take at least this much longer to accuracy, on
+      the solve's own curves (:func:`~hvd_flexcomm.moo.tta_excess`). The time pick's objective
+      is flat near its minimum, so the argmin follows every re-measurement of the gain curve:
+      on a static 100 Mbit/s, 5 ms link it went 0.0085, 0.018, 0.023, 0.076, 0.016, 0.034, 0.065,
+      0.023, 0.019 in one run (9 announcements, each 0.3-0.4 s). 0 announces every solve that
+      passes ``min_cr_change``.
     - ``time_scale``: how the front's point is picked. ``"tta"`` (the default) is described
       last. ``"step"`` and ``"front"`` normalise the time objective for an ASF pick
       (:func:`~hvd_flexcomm.moo.normalise_front`). ``"step"``: the step time a CR adds as a
@@ -324,6 +331,7 @@ class Adaptive(Flexible):
     pop_size: int = 40
     n_gen: int = 40
     min_cr_change: float = 0.1
+    min_tta_gain: float = 0.03
     time_scale: str = "tta"
     other_ms_threshold: float = 0.5
     count_compression: bool = True
@@ -349,6 +357,7 @@ class Adaptive(Flexible):
         _check_ints(self, ("span_every",), minimum=1)
         _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
         _check_fraction("min_cr_change", self.min_cr_change, allow_zero=True)
+        _check_fraction("min_tta_gain", self.min_tta_gain, allow_zero=True)
         _check_fraction("other_ms_threshold", self.other_ms_threshold, allow_zero=False)
         if not 0 < self.gain_smoothing <= 1:
             raise ValueError(f"gain_smoothing must be in (0, 1], got {self.gain_smoothing!r}")

@@ -17,6 +17,9 @@ Two ways to pick the point (``pick``):
   minimises it for ``γ = w_gain / w_time`` (2/3 with the default weights). Unlike a
   normalisation by the front's span, it keeps the scale of both objectives: on a link where a
   step at CR 0.1 costs 1.6x one at CR 0.001 it picks a high CR, where it costs 2.5x a low one.
+  The objective is flat near its minimum, so small moves of the measured gain curve move the
+  pick far; :func:`tta_excess` says what keeping the CR in use would cost, and Adaptive
+  announces a new CR only when that exceeds ``min_tta_gain``.
 
 Normalisation (:func:`normalise_front`, for ``pick="asf"``), ``1/gain`` always by the front's
 ideal and nadir:
@@ -52,7 +55,7 @@ from typing import Callable, Optional
 import numpy as np
 
 __all__ = ["PICKS", "Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "normalise_front",
-           "preload", "solve_cr", "tta_objectives"]
+           "preload", "solve_cr", "tta_excess", "tta_objectives"]
 
 _FIT_TOLERANCE = 0.25
 #: How :func:`solve_cr` picks one point of the front: ASF on the normalised front (the paper's),
@@ -132,6 +135,11 @@ class MooResult:
     weights: tuple = (0.6, 0.4)
     other_ms: Optional[float] = None  # the step's time outside communication; None: the paper's
     pick: str = "asf"  # "asf" or "tta" (see PICKS)
+    #: the CR in use when the solve started, and (``pick="tta"``, that CR inside the bounds) by
+    #: what fraction keeping it is predicted to lengthen the time to accuracy, from the same
+    #: fitted curves (see :func:`tta_excess`); None otherwise
+    current_cr: Optional[float] = None
+    current_excess: Optional[float] = None
 
     def time_scale(self) -> str:
         if self.pick == "tta":
@@ -143,11 +151,14 @@ class MooResult:
 
     def explain(self) -> str:
         lo, hi = self.front[0], self.front[-1]
+        keep = ("" if self.current_excess is None else
+                f"; the cr in use, {self.current_cr:.4g}, is predicted to take "
+                f"{100 * self.current_excess:.1f}% longer to accuracy")
         return (f"picked cr={self.cr:.4g}: predicted time {self.time_ms:.2f} ms, gain {self.gain:.3f}"
                 f" (front from cr={lo[0]:.4g}: {lo[1]:.2f} ms / gain {lo[2]:.3f} to cr={hi[0]:.4g}: "
                 f"{hi[1]:.2f} ms / gain {hi[2]:.3f}; weights time {self.weights[0]:g} / gain "
                 f"{self.weights[1]:g}; {self.time_scale()}; curves: time "
-                f"{self.curves.get('time')}, gain {self.curves.get('gain')})")
+                f"{self.curves.get('time')}, gain {self.curves.get('gain')}{keep})")
 
 
 def preload() -> None:
@@ -194,15 +205,31 @@ def tta_objectives(F: np.ndarray, other_ms: float) -> np.ndarray:
     return logs - logs.min(axis=0)
 
 
+def tta_excess(time_ms: tuple, inverse_gain: tuple, other_ms: float, weights: tuple) -> float:
+    """By what fraction (>= -1) a point ``(time_ms[0], inverse_gain[0])`` is predicted to
+    lengthen the time to accuracy against a point ``(time_ms[1], inverse_gain[1])``: the ratio
+    of ``step · (1/gain)^(w_gain/w_time)`` (``step = time + other_ms``, ms), minus 1. That is the
+    time-to-accuracy pick's objective ``step^w_time · (1/gain)^w_gain`` raised to ``1/w_time``,
+    so that it reads as wall time. Pure function."""
+    _check_other_ms(other_ms)
+    wt, wg = (float(w) for w in weights)
+    step = [max(t + other_ms, 1e-9) for t in time_ms]
+    inv = [max(float(x), 1e-12) for x in inverse_gain]
+    log_ratio = math.log(step[0] / step[1]) + (wg / wt) * math.log(inv[0] / inv[1])
+    return math.exp(log_ratio) - 1.0
+
+
 def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
              c_low: float, c_high: float, weights: tuple = (0.6, 0.4), pop_size: int = 40,
              n_gen: int = 40, seed: int = 1, other_ms: Optional[float] = None,
-             pick: str = "asf") -> MooResult:
+             pick: str = "asf", current_cr: Optional[float] = None) -> MooResult:
     """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves, then one point of the front:
     ``pick="asf"``, the ASF with ``weights`` on the front normalised by :func:`normalise_front`
     (``other_ms``: the step's time outside communication, ms, or None for the paper's
     normalisation); ``pick="tta"``, the least weighted sum of :func:`tta_objectives` (needs
-    ``other_ms``)."""
+    ``other_ms``). ``current_cr``: the CR in use; with ``pick="tta"`` and ``current_cr`` within
+    the bounds, the result says by what fraction keeping it would lengthen the time to accuracy
+    (``current_excess``, :func:`tta_excess` of the fitted curves at both CRs)."""
     from pymoo.algorithms.moo.nsga2 import NSGA2
     from pymoo.core.problem import Problem
     from pymoo.decomposition.asf import ASF
@@ -242,7 +269,14 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
         chosen = int(ASF().do(normalise_front(F, other_ms), 1.0 / w).argmin())
     order = np.argsort(X[:, 0])
     front = [(float(X[i, 0]), float(F[i, 0]), float(1.0 / F[i, 1])) for i in order]
+    excess = None
+    if pick == "tta" and current_cr is not None and c_low <= current_cr <= c_high:
+        now = np.array([float(current_cr)])
+        excess = tta_excess((float(time_curve(now)[0]), float(F[chosen, 0])),
+                            (1.0 / max(float(gain_curve(now)[0]), 1e-9), float(F[chosen, 1])),
+                            other_ms, weights)
     return MooResult(cr=float(X[chosen, 0]), time_ms=float(F[chosen, 0]),
                      gain=float(1.0 / F[chosen, 1]), front=front,
                      curves={"time": time_curve.kind, "gain": gain_curve.kind},
-                     weights=tuple(weights), other_ms=other_ms, pick=pick)
+                     weights=tuple(weights), other_ms=other_ms, pick=pick,
+                     current_cr=current_cr, current_excess=excess)

@@ -397,7 +397,8 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     model = torch.nn.Sequential(torch.nn.Linear(40, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
     mode = hvd_flexcomm.Adaptive(cr=0.1, warmup_steps=warmup, gain_every=5, min_interval=40,
                                  sync_every=5, n_gen=n_gen, reprobe_interval=0, probe_repeats=1,
-                                 min_cr_change=0,  # every solve announced: the channel is tested
+                                 min_cr_change=0, min_tta_gain=0,  # every solve announced: the
+                                 # channel is tested
                                  span_every=20)
     opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                             named_parameters=model.named_parameters(),

@@ -188,6 +188,38 @@ def test_tta_pick_is_the_time_to_accuracy_optimum(a_ms, b_ms, p, other_ms):
         assert res.pick == "tta" and "time to accuracy" in res.explain()
 
 
+def test_tta_excess_is_the_predicted_time_to_accuracy_ratio():
+    """``tta_excess``: ``step · (1/gain)^(w_g/w_t)`` of the first point over the second, minus 1
+    (step = time + other_ms); and solve_cr reports it for the CR in use, from its fitted curves:
+    about 0 at the optimum, the closed form elsewhere, None outside the bounds or for the ASF."""
+    from hvd_flexcomm.moo import tta_excess
+
+    # 2x the step at 1/4 of the inverse gain: 2 · 0.25^(2/3) = 0.794
+    assert tta_excess((170.0, 70.0), (0.5, 2.0), 30.0, (0.6, 0.4)) == pytest.approx(
+        2 * 0.25 ** (2 / 3) - 1)
+    assert tta_excess((70.0, 70.0), (2.0, 2.0), 0.0, (0.5, 0.5)) == 0.0
+    a_ms, b_ms, p, other = 100.0, 2000.0, 0.5, 30.0
+    crs = np.array(CANDS)
+    gains = crs ** p / 0.1 ** p
+    best = _tta_optimum(a_ms + other, b_ms, p)
+
+    def time_to_acc(c):
+        return (a_ms + b_ms * c + other) * (0.1 ** p / c ** p) ** (0.4 / 0.6)
+
+    for current in (best, 0.1, 0.001):
+        res = solve_cr(crs, a_ms + b_ms * crs, gains, 0.001, 0.1, other_ms=other, pick="tta",
+                       current_cr=current)
+        assert res.current_cr == current
+        assert res.current_excess == pytest.approx(time_to_acc(current) / time_to_acc(res.cr) - 1,
+                                                   rel=1e-3, abs=1e-3)
+        assert res.current_excess >= -1e-3  # the pick is the optimum
+    assert res.current_excess > 0.1 and "predicted to take" in res.explain()
+    outside = solve_cr(crs, a_ms + b_ms * crs, gains, 0.001, 0.1, other_ms=other, pick="tta",
+                       current_cr=1.0)  # the warm-up's dense CR
+    asf = solve_cr(crs, a_ms + b_ms * crs, gains, 0.001, 0.1, other_ms=other, current_cr=0.1)
+    assert outside.current_excess is None and asf.current_excess is None
+
+
 def test_tta_pick_follows_latency_and_is_blind_to_a_uniform_slowdown():
     """A line with a larger offset (latency, or computation) makes a higher CR cheap relative to
     its step, and the time-to-accuracy pick moves up; multiplying the whole step time by a
@@ -243,7 +275,8 @@ def test_solver_survives_unfittable_inputs():
 
 
 def _controller(**kw):
-    mode = Adaptive(**{"cr": 0.1, "gain_every": 1, "min_interval": 10, "min_cr_change": 0, **kw})
+    mode = Adaptive(**{"cr": 0.1, "gain_every": 1, "min_interval": 10, "min_cr_change": 0,
+                       "min_tta_gain": 0, **kw})
     version = {"v": 0}
     ctrl = AdaptiveController(mode, rank=0, hvd=None, process_set=None,
                               predict_ms=lambda c: {"allgather": 1 + 100 * c, "allreduce": 2 + 50 * c},
@@ -466,6 +499,7 @@ def test_solver_failures_are_contained(caplog):
     ({"warmup_steps": -1}, "warmup_steps"), ({"gain_threshold": 0}, "gain_threshold"),
     ({"candidates": (0.1, 2.0)}, "cr must be in"), ({"min_cr_change": 1.0}, "min_cr_change"),
     ({"min_cr_change": -0.1}, "min_cr_change"), ({"time_scale": "wall"}, "time_scale.*'wall'"),
+    ({"min_tta_gain": 1.5}, "min_tta_gain.*1.5"),
     ({"other_ms_threshold": 0}, "other_ms_threshold.*0"),
     ({"other_ms_threshold": 1.5}, "other_ms_threshold.*1.5"),
     ({"count_compression": "yes"}, "count_compression.*'yes'"),
@@ -561,6 +595,36 @@ def test_solved_cr_close_to_the_current_one_is_not_announced(caplog):
     assert ctrl.cr == 0.0899 and ctrl.n_announcements == 1
 
 
+def test_a_solve_that_saves_little_time_to_accuracy_is_not_announced(caplog):
+    """min_tta_gain=0.03: a solved CR far from the current one, but predicted to reach accuracy
+    less than 3% sooner, raises no flag; one that saves more is announced; a result computed
+    for another CR than the one now in use is judged by min_cr_change alone."""
+    caplog.set_level(logging.INFO, logger="hvd_flexcomm.adaptive")
+    ctrl, _ = _controller(min_cr_change=0.1, min_tta_gain=0.03)
+    assert ctrl.cr_for_step(0, announce_flag=False) == 0.1
+
+    def finished(cr, current_cr, excess):
+        future: Future = Future()
+        future.set_result(MooResult(cr=cr, time_ms=1.0, gain=0.5, front=[(0.001, 1.0, 0.1)],
+                                    pick="tta", other_ms=0.0, current_cr=current_cr,
+                                    current_excess=excess))
+        return future
+
+    ctrl._future = finished(0.03, 0.1, 0.021)
+    assert not ctrl.announce_ready() and ctrl.n_kept == 1
+    assert "keeping cr=0.1: the solved 0.03 is predicted to reach accuracy only 2.1% sooner" in (
+        caplog.text)
+    ctrl._future = finished(0.03, 0.1, 0.045)
+    assert ctrl.announce_ready() and ctrl.n_kept == 1
+    ctrl._pending = None
+    ctrl._future = finished(0.03, 0.05, 0.0)  # solved for another CR in use: not comparable
+    assert ctrl.announce_ready()
+    off, _ = _controller(min_cr_change=0.1, min_tta_gain=0.0)
+    off.cr_for_step(0, announce_flag=False)
+    off._future = finished(0.03, 0.1, 0.001)
+    assert off.announce_ready()
+
+
 def test_announced_step_is_the_next_multiple_of_sync_every_after_the_lag():
     from hvd_flexcomm.adaptive import ANNOUNCE_LAG_STEPS, announced_step
 
@@ -627,8 +691,9 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
     (see ``test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale``)."""
     from hvd_flexcomm.flexible import FlexibleController
 
-    mode = Adaptive(cr=0.1, gain_every=1, min_interval=5, min_cr_change=0, reprobe_interval=0,
-                    drift_patience=3, n_gen=20, pop_size=16, span_steps=0)  # drift: full probe
+    mode = Adaptive(cr=0.1, gain_every=1, min_interval=5, min_cr_change=0, min_tta_gain=0,
+                    reprobe_interval=0, drift_patience=3, n_gen=20, pop_size=16,
+                    span_steps=0)  # drift: full probe
     flex = FlexibleController(mode, world_size=4, numel=1_000_000)
     flex.probe_crs = mode.candidates
     ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
