@@ -315,6 +315,11 @@ class Adaptive(Flexible):
       one on the other sparse path (the drift probe timed it at the k in use only, so its slope
       was the old network's); these two spans recalibrate whatever they measure.
       ``span_steps=0`` turns span steps off (drift then runs a full probe).
+    - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
+      instead of 12, and a Horovod op costs several round trips before any data moves (the
+      start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs
+      of 40-110 s). A second timing per size only averaged two samples; the spans (on real
+      steps) and the steps at the CR in use check the model afterwards.
     """
 
     cr: float = 0.1
@@ -337,6 +342,7 @@ class Adaptive(Flexible):
     count_compression: bool = True
     span_steps: int = 3
     span_every: int = 50
+    probe_repeats: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
