@@ -15,7 +15,8 @@ Who does what:
   its step payload (``sync.py``) once a solve has finished, every rank receives the flag with
   that step's collective, and the next multiple of ``sync_every`` after it starts the broadcast
   on every rank (no broadcast, no network round trip, on the other steps). A solved CR within
-  ``min_cr_change`` of the current one is not announced at all (rank 0 keeps it as
+  ``min_cr_change`` of the current one, or (time pick) predicted to reach accuracy less than
+  ``min_tta_gain`` sooner than it, is not announced at all (rank 0 keeps it as
   ``last_result``);
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
@@ -188,8 +189,8 @@ class AdaptiveController:
     # -- per step ------------------------------------------------------------------------------
     def announce_ready(self) -> bool:
         """Rank 0: whether a solved CR is waiting for an announcement (the flag rank 0 sends in
-        its step payload). Takes a finished solve's result first: a failed solve, or a CR within
-        ``min_cr_change`` of the current CR, raises no flag. Always False on other ranks."""
+        its step payload). Takes a finished solve's result first: a failed solve, or a CR kept
+        (see :meth:`_take_result`), raises no flag. Always False on other ranks."""
         if self.rank != 0:
             return False
         if self._pending is None and self._future is not None and self._future.done():
@@ -249,8 +250,10 @@ class AdaptiveController:
         return cr
 
     def _take_result(self) -> Optional[float]:
-        """Rank 0: the finished solve's CR (rounded), or None when it failed or lies within
-        ``min_cr_change`` (fraction) of the current CR; the future is consumed either way."""
+        """Rank 0: the finished solve's CR (rounded), or None when it failed, lies within
+        ``min_cr_change`` (fraction) of the current CR, or (time pick, solved for the CR in use)
+        keeping the current CR is predicted to take less than ``min_tta_gain`` (fraction) longer
+        to accuracy; the future is consumed either way."""
         future, self._future = self._future, None
         try:
             result: MooResult = future.result()
@@ -272,8 +275,9 @@ class AdaptiveController:
                 and excess < self.mode.min_tta_gain):
             self.n_kept += 1
             log.info("hvd_flexcomm: keeping cr=%g: the solved %g is predicted to reach accuracy "
-                     "only %.1f%% sooner (min_tta_gain %g%%), no announcement", current, cr,
-                     100 * excess, 100 * self.mode.min_tta_gain)
+                     "%s (min_tta_gain %g%%), no announcement", current, cr,
+                     f"only {100 * excess:.1f}% sooner" if excess > 0 else "no sooner",
+                     100 * self.mode.min_tta_gain)
             return None
         return cr
 

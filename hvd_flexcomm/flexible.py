@@ -140,6 +140,9 @@ class FlexibleController:
         #: the old network's slope (see :meth:`_close_span`).
         self.span_other_due = False
         self.span_second_path: Optional[str] = None
+        #: bytes per kind that the last drift probe timed or re-anchored on the recent steps
+        #: (the sizes of the k in use then): the spans after it keep these samples too
+        self.drift_anchor_bytes: dict[str, int] = {}
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -260,6 +263,7 @@ class FlexibleController:
                 self.model.fits[coll].reset_level()
             for coll, nbytes, ms in recent:
                 self.model.observe(coll, nbytes, ms)
+            self.drift_anchor_bytes = {coll: int(nbytes) for coll, nbytes, _ in recent + results}
         for coll, nbytes, ms in results:
             self.model.observe(coll, nbytes, ms)
         self.last_probe_step = step
@@ -273,8 +277,10 @@ class FlexibleController:
             self.n_full_probes += 1
         else:
             self.n_drift_probes += 1
-            if self.spans_on:  # the slopes of the new network: spans once the link settled
-                self.span_soon_step = step + SPAN_SETTLE_STEPS
+        # after drift under span steps, the slopes of the new network come from two spans once
+        # the link settled; a full probe measured them itself
+        self.span_soon_step = (step + SPAN_SETTLE_STEPS if kind == "drift" and self.spans_on
+                               else None)
         self.span_other_due = kind == "drift" and self.spans_on
         self.span_second_path = None
         self.drift_probe_due = False
@@ -302,7 +308,8 @@ class FlexibleController:
     @property
     def model_version(self) -> int:
         """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
-        spans that moved it (a drift probe under spans is followed by a span that counts)."""
+        spans that moved it (a drift probe under spans is followed by two spans, one per sparse
+        path, that count once, when the second is judged)."""
         return self.n_full_probes + self.n_span_moves
 
     # -- span steps (Adaptive) -------------------------------------------------------------------
@@ -320,7 +327,9 @@ class FlexibleController:
         path is sparse; its CR is the end of ``probe_crs`` at least :data:`SPAN_MIN_RATIO`
         times away from ``cr`` (in k) with the lower predicted extra time on the span's path
         (zero when it is cheaper than ``cr`` on the path in use), and it runs only within the
-        budget (:meth:`_within_budget`). Pure function of shared state: every rank returns the
+        budget (:meth:`_within_budget`), except the two spans after a drift probe, which are
+        part of that recalibration (like the drift probe, unbudgeted: without them the model
+        holds the old network's slopes). Pure function of shared state: every rank returns the
         same.
 
         The span's path is the path in use, except for the second of the two spans after a drift
@@ -356,10 +365,12 @@ class FlexibleController:
         if not options:
             return cr, None
         extra_ms, end, end_ms, k_end = min(options)
-        if not self._within_budget(extra_ms):
+        if not soon and not self._within_budget(extra_ms):  # after drift: as the drift probe
             return cr, None
         self.span_ms_total += extra_ms
-        self.span_after_drift, self.span_soon_step = soon, None
+        self.span_after_drift = soon
+        if soon:
+            self.span_soon_step = None
         self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
         self.span_base_cr, self.span_path, self.span_second_path = cr, path, None
         self.span_observed, self.span_samples = 0, []
@@ -499,8 +510,9 @@ class FlexibleController:
           100 Mbit/s, 5 ms link one span measured 115 and 99 ms where about 79 ms was
           predicted (the 6 spans after it confirmed), and the refitted line was flat, 112-114 ms at
           every candidate from 0.001 to 0.1 (about 330 ms measured at 0.1);
-        - **off twice** (the next routine span off on the same side too), or the span that
-          follows a drift probe (one on each sparse path, the path in use first): the
+        - **off twice** (the next routine span off on the same side too), or the spans that
+          follow a drift probe (one on each sparse path, the path in use first; they also keep
+          the samples at the sizes the drift probe measured, :attr:`drift_anchor_bytes`): the
           span's kinds drop their samples at
           every size but the one in use
           (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`) and take the span's
@@ -511,7 +523,8 @@ class FlexibleController:
         before, timed = self.span_before_ms, self.span_samples
         after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
         self._end_span()
-        if after_drift and self.span_other_due:  # the other sparse path's span, at once
+        first_of_two = after_drift and self.span_other_due
+        if first_of_two:  # the other sparse path's span, at once
             self.span_other_due = False
             self.span_second_path = "allreduce" if path == "allgather" else "allgather"
             self.span_soon_step = 0
@@ -542,14 +555,22 @@ class FlexibleController:
         in_use = self.payload_bytes(k_for(self.span_base_cr, self.numel))
         for kind, _, _ in timed[0]:
             if not (kind == "allgather" and path == "allreduce"):  # VAR's norm allgather
-                self.model.fits[kind].keep_sizes({in_use[kind]})
+                keep = {in_use[kind]}
+                if after_drift and kind in self.drift_anchor_bytes:  # the drift probe's size
+                    keep.add(self.drift_anchor_bytes[kind])
+                self.model.fits[kind].keep_sizes(keep)
         for step_samples in timed:
             for kind, nbytes, ms in step_samples:
                 self.model.observe(kind, nbytes, ms)
         after = self._span_ends_ms(path)
         moved = {c: abs(after[c] - ms) / max(ms, 1e-9) for c, ms in before.items()}
         end = max(moved, key=moved.get)
-        if moved[end] > thr or after_drift:
+        if first_of_two:  # one recalibration for the pair: the re-solve waits for both slopes
+            log.info("hvd_flexcomm: the span at cr %g after drift (measured %s ms on the %s, "
+                     "predicted %.1f ms) moved the predicted time at cr %g %.1f -> %.1f ms; the "
+                     "span on the %s follows", cr, shown, path, expected, end, before[end],
+                     after[end], self.span_second_path)
+        elif moved[end] > thr or after_drift:
             self.n_span_moves += 1
             log.info("hvd_flexcomm: the span at cr %g (measured %s ms on the %s, predicted %.1f "
                      "ms)%s moved the predicted time at cr %g %.1f -> %.1f ms (%.0f%%): model "
@@ -577,8 +598,18 @@ class FlexibleController:
                 "n_span_steps": self.n_span_steps,
                 "n_span_moves": self.n_span_moves, "n_span_confirms": self.n_span_confirms,
                 "n_span_offs": self.n_span_offs, "span_off_side": self.span_off_side,
-                "span_soon_step": self.span_soon_step, "span_other_due": self.span_other_due,
-                "span_second_path": self.span_second_path}
+                **self._after_drift_state()}
+
+    def _after_drift_state(self) -> dict[str, Any]:
+        """The spans after drift still due, for a checkpoint: a span under way is not resumed
+        (:meth:`load_dict`), so an open span after drift is saved as due again."""
+        soon, second = self.span_soon_step, self.span_second_path
+        if self.span_open and self.span_after_drift:
+            soon = 0
+            if not self.span_other_due:  # the second of the two
+                second = self.span_path
+        return {"span_soon_step": soon, "span_other_due": self.span_other_due,
+                "span_second_path": second, "drift_anchor_bytes": dict(self.drift_anchor_bytes)}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -605,4 +636,6 @@ class FlexibleController:
         self.span_soon_step = state.get("span_soon_step")
         self.span_other_due = bool(state.get("span_other_due", False))
         self.span_second_path = state.get("span_second_path")
+        self.drift_anchor_bytes = {k: int(v) for k, v in
+                                   state.get("drift_anchor_bytes", {}).items()}
         self.full_probe_due = not self.model.is_calibrated()

@@ -278,6 +278,18 @@ def _span_ctrl(ag_ms_per_byte=1e-6, **kw):
     return ctrl
 
 
+def test_adaptive_times_each_probe_size_once():
+    """Adaptive's probes time each size once (``probe_repeats=1``; Flexible's default is 2): the
+    start-up probe is 6 timed ops, the two ends of the candidates for each kind."""
+    from hvd_flexcomm import Adaptive
+
+    assert Adaptive().probe_repeats == 1 and Flexible().probe_repeats == 2
+    ctrl = FlexibleController(Adaptive(cr=0.01), world_size=2, numel=NUMEL)
+    ctrl.probe_crs = (0.1, 0.01, 0.001)
+    plan, repeats, what = ctrl.probe_plan(0, 0.01)
+    assert what == "full" and repeats == 1 and len(plan) == 6
+
+
 def _ag_control(ms):
     return [PATH_CODES["allgather"], ms, 0.0, 0.0, 0.0]
 
@@ -388,8 +400,9 @@ def test_span_state_round_trip():
 def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates():
     """With span steps, Adaptive's drift runs the cheap drift probe (the path not in use at the k
     in use), not a full probe over every candidate's size; a span follows SPAN_SETTLE_STEPS
-    later, and it counts as a recalibration (Adaptive re-solves) even when it finds the slope
-    unchanged."""
+    later, then one on the other sparse path, outside the budget (AR-Topk costs far more than
+    the allgather here), and the pair counts as one recalibration (Adaptive re-solves once, on
+    both slopes) even when they find the slopes unchanged."""
     from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
 
     ctrl = _span_ctrl(span_steps=2, span_every=50)
@@ -410,14 +423,22 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
     assert ctrl.model_version == version
     ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
-    assert ctrl.model_version == version + 1
+    assert ctrl.model_version == version  # not yet: the other path's slope is the old one
     assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
-    # the other sparse path's span is due at once, within the budget: AR-Topk at c_low costs
-    # far more than the allgather in use here, so it waits
     assert (ctrl.span_second_path, ctrl.span_soon_step, ctrl.span_other_due) == ("allreduce", 0,
                                                                                   False)
-    assert ctrl.step_cr(6 + SPAN_SETTLE_STEPS, 0.01) == (0.01, None)
-    assert ctrl.span_second_path == "allreduce"
+    extra = 2 * (ctrl.predict(0.001)["allreduce"] - ctrl.predict(0.01)["allgather"])
+    assert extra > 0.02 * ctrl.step_comm_ms_total  # beyond the budget: it runs all the same
+    first = 6 + SPAN_SETTLE_STEPS
+    assert [ctrl.step_cr(s, 0.01) for s in (first, first + 1)] == [(0.001, "cold"),
+                                                                  (0.001, "span")]
+    assert ctrl.step_path("span") == "allreduce" and ctrl.path == "allgather"
+    assert ctrl.span_ms_total == pytest.approx(extra)
+    ar = [PATH_CODES["allreduce"], 1.0, 1.0, 0.0, 0.0]
+    ctrl.observe_step(ar, 0.001, "cold")
+    ctrl.observe_step(ar, 0.001, "span")
+    assert ctrl.model_version == version + 1 and ctrl.span_soon_step is None
+    assert ctrl.span_second_path is None and not ctrl.span_open
 
 
 def test_after_drift_the_path_not_in_use_gets_a_span_of_its_own():
@@ -458,7 +479,7 @@ def test_after_drift_the_path_not_in_use_gets_a_span_of_its_own():
     stale_ag = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.001)}
     assert stale_ag[0.001] > 2 * true_path_ms("allgather", 0.001)  # the old, flat slope
     version, step, paths = ctrl.model_version, 2, []
-    while ctrl.n_span_moves < 2 and step < 2000:
+    while ctrl.n_span_moves < 1 and step < 2000:
         cr, role = ctrl.step_cr(step, 0.01)
         path = ctrl.step_path(role)
         paths.append((step, cr, path, role))
@@ -470,17 +491,49 @@ def test_after_drift_the_path_not_in_use_gets_a_span_of_its_own():
         (0.001, "allreduce", "cold"), (0.001, "allreduce", "span"),
         (0.001, "allgather", "cold"), (0.001, "allgather", "span")]
     assert spans[0][0] == 1 + SPAN_SETTLE_STEPS
+    assert spans[2][0] == spans[1][0] + 1  # at once after the first span is judged
     assert ctrl.path == "allreduce"  # the route: span steps do not move it
     assert all(path == "allreduce" for _, _, path, role in paths if role is None)
-    assert ctrl.model_version == version + 2 and ctrl.span_second_path is None
+    assert ctrl.model_version == version + 1 and ctrl.span_second_path is None
     for c in (0.1, 0.01, 0.001):  # both lines now rest on the new network's steps
         for path in ("allgather", "allreduce"):
             assert ctrl.predict(c)[path] == pytest.approx(true_path_ms(path, c), rel=1e-6)
-    assert ctrl.span_ms_total <= 0.02 * ctrl.step_comm_ms_total
-    other = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
-    ctrl.span_other_due, ctrl.span_second_path = True, "allgather"
-    other.load_dict(ctrl.to_dict())
-    assert (other.span_other_due, other.span_second_path) == (True, "allgather")
+
+
+def test_a_checkpoint_keeps_the_spans_after_drift_that_are_due():
+    """A span under way is not resumed from a checkpoint, so one after drift is saved as due
+    again: the first of the two (the path in use, then the other), or the second (its path);
+    the drift probe's sizes, which those spans keep, are saved too. A full probe cancels them
+    (it measured every slope)."""
+    ctrl = _span_ctrl(span_steps=2, span_every=500)
+    ctrl.drift_probe_due = True
+    _probe(ctrl, 1, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    ctrl.decide(1, 0.01)
+    assert set(ctrl.drift_anchor_bytes) == {"broadcast", "allreduce"}
+    start = ctrl.span_soon_step
+    assert ctrl.step_cr(start, 0.01)[1] == "cold" and ctrl.span_open
+    for state in (ctrl.to_dict(), ctrl.to_dict()):  # saving changes nothing
+        resumed = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
+        resumed.load_dict(state)
+        assert (resumed.span_soon_step, resumed.span_other_due, resumed.span_second_path) == (
+            0, True, None)
+        assert resumed.drift_anchor_bytes == ctrl.drift_anchor_bytes
+    assert ctrl.span_open and ctrl.span_soon_step is None
+    ctrl.step_cr(start + 1, 0.01)
+    ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
+    ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")
+    assert ctrl.step_cr(start + 2, 0.01)[1] == "cold" and ctrl.step_path("cold") == "allreduce"
+    resumed = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
+    resumed.probe_crs = ctrl.probe_crs  # as the optimizer sets them from the candidates
+    resumed.load_dict(ctrl.to_dict())
+    assert (resumed.span_soon_step, resumed.span_other_due, resumed.span_second_path) == (
+        0, False, "allreduce")
+    assert resumed.step_cr(start + 2, 0.01) == (0.001, "cold")
+    assert resumed.step_path("cold") == "allreduce"
+    resumed.full_probe_due = True
+    _probe(resumed, start + 3, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    assert (resumed.span_soon_step, resumed.span_other_due, resumed.span_second_path) == (
+        None, False, None)
 
 
 def _run_span(ctrl, start, measured_ms):
