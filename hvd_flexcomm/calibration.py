@@ -22,7 +22,11 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
    matter as much as large ones;
 4. **constraints** ``a >= 0`` and ``b >= 0``: if the unconstrained ``b < 0``, ``b = 0`` and ``a`` is
    the weighted mean of the medians; if ``a < 0``, ``a = 0`` and ``b`` is refitted by weighted least
-   squares through the origin (both cannot be negative, since all times are >= 0);
+   squares through the origin (both cannot be negative, since all times are >= 0). A slope
+   clamped to 0 holds for this fit only: it is not learned as the slope prior below while an
+   earlier fit measured a positive one (noise at two nearby levels, e.g. a latency-bound link,
+   would otherwise make every later single-size fit flat: in one run the allgather's line
+   predicted 570 ms at every candidate CR from 0.001 to 0.1);
 5. **a single distinct size** ``x0`` with median ``y0`` cannot separate ``a`` from ``b``. Then a
    *slope prior* is used if there is one: the slope of the most recent fit that had two or more
    sizes, else the ``prior_b_ms_per_byte`` given to the constructor; ``b = min(prior, y0/x0)`` and
@@ -84,7 +88,9 @@ class LinearCostFit:
     """Robust, constrained line ``t_ms = a_ms + b_ms_per_byte·bytes`` over a bounded window.
 
     See the module docstring for the procedure. Invariants: ``a_ms >= 0``, ``b_ms_per_byte >= 0``,
-    ``n_samples <= window``; :meth:`predict_ms` is non-decreasing in ``bytes``.
+    ``n_samples <= window``; :meth:`predict_ms` is non-decreasing in ``bytes``; the learned slope
+    (the prior of single-size fits) is the slope of the latest multi-size fit, unless that was
+    clamped to 0 after a positive one.
     """
 
     def __init__(self, window: int = 64, prior_b_ms_per_byte: Optional[float] = None) -> None:
@@ -188,7 +194,8 @@ class LinearCostFit:
             self._a, self._b = max(level, 0.0), prior
             return
         self._a, self._b = _weighted_constrained_line(sizes, medians, counts)
-        self._learned_b = self._b
+        if self._b > 0.0 or self._learned_b is None:  # a clamped zero is not a measured slope
+            self._learned_b = self._b
 
     def _fit_single(self, x0: float, y0: float) -> tuple[float, float]:
         prior = self._slope_prior()

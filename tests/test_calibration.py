@@ -88,6 +88,23 @@ def test_negative_slope_is_clipped_to_constant():
     assert fit.a_ms == pytest.approx(0.45 / 0.1025, rel=1e-9)
 
 
+def test_a_clamped_slope_is_not_learned_over_a_measured_one():
+    """A window whose sizes fall with size is flat while it lasts (b = 0), but its zero is not
+    learned: when the window collapses to one size, the last positive slope splits it again. A
+    clamped zero with no earlier slope is learned (there is nothing better)."""
+    fit = LinearCostFit(window=4)
+    fit.extend([(1000, 2.0), (9000, 10.0)])  # 1 + 1e-3 x
+    assert fit.b_ms_per_byte == pytest.approx(1e-3)
+    fit.extend([(1000, 20.0), (1000, 20.0)])  # medians 20 and 10: falling
+    assert fit.b_ms_per_byte == 0.0 and fit.n_sizes == 2
+    fit.extend([(9000, 11.0)] * 4)  # one size left: the slope measured before splits it
+    assert fit.n_sizes == 1 and fit.b_ms_per_byte == pytest.approx(1e-3)
+    assert fit.predict_ms(9000) == pytest.approx(11.0) and fit.predict_ms(1000) == pytest.approx(3.0)
+    fresh = LinearCostFit(window=4)
+    fresh.extend([(100, 5.0), (1000, 4.0), (1000, 4.0), (1000, 4.0), (1000, 4.0)])
+    assert fresh.n_sizes == 1 and fresh.b_ms_per_byte == 0.0  # learned from the clamp
+
+
 def test_single_size_without_prior_uses_the_ratio():
     fit = LinearCostFit()
     fit.extend([(4000, 3.0), (4000, 5.0), (4000, 4.0)])  # median 4 ms

@@ -102,8 +102,9 @@ def test_drift_noise_keeps_a_level_switching_path_from_probing_on_its_own_noise(
 def test_drift_noise_starts_afresh_on_another_path_or_size():
     ctrl, _ = _level_switching_run(drift_noise=0.1, steps=20)
     assert ctrl.drift.noise_band() is not None
-    ctrl.observe_step([PATH_CODES["allgather"], 120.0, 0.0, 0.0], 0.02)  # another k
-    assert list(ctrl.drift.history) == [120.0] and ctrl.drift.noise_band() is None
+    predicted = ctrl.predict(0.02)["allgather"]
+    ctrl.observe_step([PATH_CODES["allgather"], 0.9 * predicted, 0.0, 0.0], 0.02)  # another k
+    assert list(ctrl.drift.history) == [0.9 * predicted] and ctrl.drift.noise_band() is None
 
 
 def test_drift_probe_after_allreduce_drift_times_the_allgather():
