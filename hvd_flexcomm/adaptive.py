@@ -49,8 +49,8 @@ from .gains import GainTracker, gains_at_crs
 from .moo import Curve, MooResult, fit_comm_curve, preload, solve_cr
 from .topk import TopkWorkspace
 
-__all__ = ["ANNOUNCE_LAG_STEPS", "AdaptiveController", "announced_step", "compression_curve",
-           "warmup_cr"]
+__all__ = ["ANNOUNCE_LAG_STEPS", "RECALIBRATED_MIN_INTERVAL", "AdaptiveController",
+           "announced_step", "compression_curve", "warmup_cr"]
 
 #: How many recent steps' time outside communication the median of ``other_ms`` is taken over.
 OTHER_MS_WINDOW = 32
@@ -64,6 +64,12 @@ COMPRESS_MIN_SAMPLES = 3
 #: after its broadcast started: the broadcast runs while the step it started at and the next
 #: step's computation go on.
 ANNOUNCE_LAG_STEPS = 2
+#: A solve for a recalibrated network model waits this many steps after the last solve (or
+#: ``min_interval``, if shorter), not ``min_interval``: the network changed, and the CR picked
+#: for the old one costs every step until the re-solve (in a change from 25 ms to 100 Mbit/s,
+#: 5 ms one way, 40 steps at CR 0.1 where 0.02 was picked next). Recalibrations are rare: full
+#: probes, the spans after a drift probe, a span off the model twice on one side.
+RECALIBRATED_MIN_INTERVAL = 10
 
 log = logging.getLogger("hvd_flexcomm.adaptive")
 
@@ -343,10 +349,12 @@ class AdaptiveController:
             if step_scale and not self.other_samples_ms:
                 return None  # the step scale needs one measured step's time outside communication
             return "first optimisation after warm-up"
-        if step - self.last_submit_step < self.mode.min_interval:
-            return None
-        if self.model_version() != self.last_model_version:
+        since = step - self.last_submit_step
+        if (self.model_version() != self.last_model_version
+                and since >= min(self.mode.min_interval, RECALIBRATED_MIN_INTERVAL)):
             return "network model recalibrated"
+        if since < self.mode.min_interval:
+            return None
         change = self.tracker.relative_change()
         if change >= self.mode.gain_threshold:
             return f"smoothed gain moved {100 * change:.0f}%"

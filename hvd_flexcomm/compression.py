@@ -242,8 +242,10 @@ class Adaptive(Flexible):
       optimisation, when the network model was recalibrated (drift), or (``time_scale="tta"``
       or ``"step"``) when rank 0's median time outside communication per step moves by
       ``other_ms_threshold`` (fraction) from the value the last optimisation used; at most every
-      ``min_interval`` steps. With ``"tta"`` or ``"step"`` the first optimisation waits for one
-      measured step (step 1 without a warm-up), so that no pick is made blind to computation.
+      ``min_interval`` steps (a recalibrated model: every 10 steps,
+      ``adaptive.RECALIBRATED_MIN_INTERVAL``, if ``min_interval`` is longer). With ``"tta"``
+      or ``"step"`` the first optimisation waits for one measured step (step 1 without a
+      warm-up), so that no pick is made blind to computation.
       The default 0.5 lies above the noise: at 5 ms one way and N=4 on a 2-core machine the
       median over 32 steps moved between 19.7 and 28.2 ms with nothing changed, and a threshold
       of 0.25 fired on that once in 480 steps.

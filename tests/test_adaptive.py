@@ -342,7 +342,12 @@ def test_solves_are_normalised_by_rank0s_median_time_outside_communication():
 
 
 def test_triggers_first_gain_change_network_change_and_min_interval():
-    ctrl, version = _controller()
+    """Gains (and the step time) re-solve after ``min_interval`` steps; a recalibrated network
+    model after RECALIBRATED_MIN_INTERVAL (10) steps already."""
+    from hvd_flexcomm.adaptive import RECALIBRATED_MIN_INTERVAL
+
+    assert RECALIBRATED_MIN_INTERVAL == 10
+    ctrl, version = _controller(min_interval=50)
     g = torch.randn(50_000, generator=torch.Generator().manual_seed(0))
     assert ctrl._trigger(0) is None  # no gains yet
     ctrl.tracker.update(gains_at_crs(g, ctrl.mode.candidates))
@@ -356,11 +361,17 @@ def test_triggers_first_gain_change_network_change_and_min_interval():
     ctrl.tracker.mark_reference()
     assert ctrl._trigger(5) is None  # nothing changed
     version["v"] = 1
-    assert ctrl._trigger(5) is None  # min_interval not over
+    assert ctrl._trigger(9) is None  # 10 steps not over
     assert ctrl._trigger(10) == "network model recalibrated"
     ctrl.last_model_version = 1
     ctrl.tracker.update([x * 0.5 for x in ctrl.tracker.smoothed])
-    assert ctrl._trigger(11).startswith("smoothed gain moved")
+    assert ctrl._trigger(11) is None  # gains wait for min_interval
+    assert ctrl._trigger(50).startswith("smoothed gain moved")
+    short, version = _controller(min_interval=3)  # a shorter min_interval holds for both
+    short.tracker.update(ctrl.tracker.smoothed)
+    short.last_submit_step, short.last_model_version = 0, 0
+    version["v"] = 1
+    assert short._trigger(2) is None and short._trigger(3) == "network model recalibrated"
 
 
 def test_a_moved_step_time_triggers_a_solve_normalised_by_the_new_one():
