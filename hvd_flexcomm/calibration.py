@@ -39,6 +39,15 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
    noise would tilt it, even to zero, which makes every size cost the same. With a slope prior
    the slope is kept and only the level is fitted (weighted mean of ``median - b·x``); the learned
    slope changes only through fits over a wide span (the probes).
+7. **a wide base pins the slope**: once the slope was learned over sizes ``LEARN_SPAN`` (8) or
+   more apart (the probes span the candidate CRs, 100x), a base narrower than 8x (and than
+   that one) fits the level only, as in 6. Steps at two nearby CRs after a CR change (0.0057
+   and 0.0216, say: 3.8x) and the last few samples of the old CR as they leave the window had
+   set the slope through a short chord in the latency-bound region: on a static 100 Mbit/s,
+   5 ms link the allgather's line then predicted 170-230 ms at CR 0.1, where its steps took
+   about 330 ms, and the CR went to 0.1 for 50 steps. A network change unpins the slope
+   (:meth:`LinearCostFit.unpin_slope`, after a drift probe), so that the spans that follow
+   (4x or more from the CR in use) can replace it.
 
 Refits happen on every :meth:`LinearCostFit.add` (at most ``window`` points: tens of microseconds).
 """
@@ -71,6 +80,9 @@ _DICT_VERSION = 1
 
 #: A fit learns its slope only from sizes spanning at least this ratio (largest / smallest).
 MIN_SLOPE_SPAN = 2.0
+#: Once a slope was learned over a base this wide (or wider), a narrower base fits the level
+#: only (see the module docstring, 7), until :meth:`LinearCostFit.unpin_slope`.
+LEARN_SPAN = 8.0
 
 
 class NotCalibratedError(RuntimeError):
@@ -109,6 +121,8 @@ class LinearCostFit:
         self.prior_b_ms_per_byte = prior_b_ms_per_byte
         self._samples: deque[tuple[float, float]] = deque(maxlen=self.window)
         self._learned_b: Optional[float] = None  # slope of the latest fit with >= 2 sizes
+        #: the base (largest / smallest size) of the fit the learned slope came from
+        self._learned_span: Optional[float] = None
         self._a: Optional[float] = None
         self._b: Optional[float] = None
 
@@ -150,6 +164,7 @@ class LinearCostFit:
         """Forget all samples and the learned slope (the constructor's prior is kept)."""
         self._samples.clear()
         self._learned_b = None
+        self._learned_span = None
         self._a = None
         self._b = None
 
@@ -160,6 +175,11 @@ class LinearCostFit:
         self._samples.clear()
         self._a = None
         self._b = None
+
+    def unpin_slope(self) -> None:
+        """Let the next fit over any base of ``MIN_SLOPE_SPAN`` or more replace the learned
+        slope (the network changed: the slope learned over a wide base is the old network's)."""
+        self._learned_span = None
 
     def keep_sizes(self, sizes: Iterable[float]) -> None:
         """Forget the samples at every size not in ``sizes`` (bytes) and refit; the learned slope
@@ -188,14 +208,18 @@ class LinearCostFit:
             self._a, self._b = self._fit_single(float(sizes[0]), float(medians[0]))
             return
         prior = self._slope_prior()
-        if prior is not None and sizes.max() < MIN_SLOPE_SPAN * max(float(sizes.min()), 1.0):
+        base = float(sizes.max()) / max(float(sizes.min()), 1.0)
+        needed = MIN_SLOPE_SPAN
+        if self._learned_span is not None:
+            needed = max(MIN_SLOPE_SPAN, min(self._learned_span, LEARN_SPAN))
+        if prior is not None and base < needed:
             w = counts / np.maximum(medians, _MIN_MS_FOR_WEIGHT) ** 2
             level = float(np.sum(w * (medians - prior * sizes)) / np.sum(w))
             self._a, self._b = max(level, 0.0), prior
             return
         self._a, self._b = _weighted_constrained_line(sizes, medians, counts)
         if self._b > 0.0 or self._learned_b is None:  # a clamped zero is not a measured slope
-            self._learned_b = self._b
+            self._learned_b, self._learned_span = self._b, base
 
     def _fit_single(self, x0: float, y0: float) -> tuple[float, float]:
         prior = self._slope_prior()
@@ -238,6 +262,7 @@ class LinearCostFit:
             "window": self.window,
             "prior_b_ms_per_byte": self.prior_b_ms_per_byte,
             "learned_b_ms_per_byte": self._learned_b,
+            "learned_span": self._learned_span,
             "samples": [[x, y] for x, y in self._samples],
         }
 
@@ -252,6 +277,8 @@ class LinearCostFit:
             fit._samples.append((float(x), float(y)))
         learned = state.get("learned_b_ms_per_byte")
         fit._learned_b = None if learned is None else float(learned)
+        span = state.get("learned_span")
+        fit._learned_span = None if span is None else float(span)
         fit._refit()  # with >= 2 sizes this recomputes the same slope; with 1 it uses `learned`
         return fit
 

@@ -261,6 +261,8 @@ class FlexibleController:
             recent = [sample for step_samples in self.recent_steps for sample in step_samples]
             for coll in probed | {coll for coll, _, _ in recent}:
                 self.model.fits[coll].reset_level()
+            for fit in self.model.fits.values():  # the new network's slopes may replace them
+                fit.unpin_slope()
             for coll, nbytes, ms in recent:
                 self.model.observe(coll, nbytes, ms)
             self.drift_anchor_bytes = {coll: int(nbytes) for coll, nbytes, _ in recent + results}

@@ -105,6 +105,38 @@ def test_a_clamped_slope_is_not_learned_over_a_measured_one():
     assert fresh.n_sizes == 1 and fresh.b_ms_per_byte == 0.0  # learned from the clamp
 
 
+def test_a_wide_base_pins_the_slope_against_short_chords():
+    """The probe learns the slope over a 100x base; steps at two CRs 3.8x apart whose noise
+    runs against the size (the old CR's last samples slow) fit the level only, and the high
+    end stays where the probe put it; a base of LEARN_SPAN or more sets the slope again; after
+    unpin_slope (a network change) a 4x base may set it; a checkpoint keeps the pin."""
+    from hvd_flexcomm.calibration import LEARN_SPAN
+
+    assert LEARN_SPAN == 8.0
+    fit = LinearCostFit(window=16)
+    fit.extend([(1000, _line(1000)), (100_000, _line(100_000))])  # the probe: the true slope
+    small, big = 6_000, 23_000  # CRs 0.0057 and 0.0216: 3.8x
+    fit.extend([(small, _line(small))] * 11 + [(small, _line(small) * 1.3)] * 3)  # full window
+    assert fit.b_ms_per_byte == pytest.approx(B_MS_PER_BYTE, rel=0.01)
+    fit.extend([(big, _line(big) * 0.9)] * 13)  # the probe and most of the old CR's steps leave
+    # left: the old CR's 3 slow steps and the new CR's: the medians fall with the size, and a
+    # chord through them would be flat (clamped); the pinned slope keeps the high end
+    # (the last fits over the probe's base, with a few of the new steps in, moved it a little)
+    assert fit.n_sizes == 2 and fit.b_ms_per_byte == pytest.approx(B_MS_PER_BYTE, rel=0.1)
+    assert fit.predict_ms(100_000) > 2.5
+    wide = LinearCostFit.from_dict(fit.to_dict())
+    assert wide.predict_ms(100_000) == fit.predict_ms(100_000)
+    fit.extend([(2_000, _line(2_000, b=3e-5))] * 8 + [(20_000, _line(20_000, b=3e-5))] * 8)
+    assert fit.b_ms_per_byte == pytest.approx(3e-5)  # 10x: a wide enough base
+    fit.reset_level()  # a drift probe: the old network's samples go, its slope is unpinned
+    fit.unpin_slope()
+    fit.extend([(5_000, _line(5_000, b=5e-5))] * 8 + [(20_000, _line(20_000, b=5e-5))] * 8)
+    assert fit.b_ms_per_byte == pytest.approx(5e-5)  # 4x, once unpinned
+    fit.keep_sizes({20_000})
+    fit.extend([(10_000, _line(10_000, b=9e-5))] * 8 + [(20_000, _line(20_000, b=9e-5))] * 8)
+    assert fit.b_ms_per_byte == pytest.approx(5e-5)  # 2x: pinned by the 4x one
+
+
 def test_single_size_without_prior_uses_the_ratio():
     fit = LinearCostFit()
     fit.extend([(4000, 3.0), (4000, 5.0), (4000, 4.0)])  # median 4 ms

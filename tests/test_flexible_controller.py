@@ -416,6 +416,7 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     assert what == "drift" and sorted(plan) == [("allreduce", sizes["allreduce"]),
                                                  ("broadcast", sizes["broadcast"])]
     assert ctrl.model_version == version  # not yet: the slopes are the old network's
+    assert all(fit._learned_span is None for fit in ctrl.model.fits.values())  # unpinned
     ctrl.decide(4, 0.01)
     assert ctrl.span_soon_step == 4 + SPAN_SETTLE_STEPS
     assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(5, 4 + SPAN_SETTLE_STEPS))
