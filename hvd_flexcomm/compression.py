@@ -315,8 +315,8 @@ class Adaptive(Flexible):
       recent steps) instead of a full probe over every candidate's size (13.2 s at 25 ms one
       way in one run), and a span follows 10 steps later (``flexible.SPAN_SETTLE_STEPS``), then
       one on the other sparse path (the drift probe timed it at the k in use only, so its slope
-      was the old network's); these two spans run outside the budget, recalibrate whatever they
-      measure, and count as one recalibration (one re-solve, on both new slopes).
+      was the old network's); these two spans run outside the budget and each recalibrates
+      whatever it measures (a re-solve after each, 10 steps apart at least).
       ``span_steps=0`` turns span steps off (drift then runs a full probe).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12, and a Horovod op costs several round trips before any data moves (the

@@ -311,7 +311,8 @@ class FlexibleController:
     def model_version(self) -> int:
         """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
         spans that moved it (a drift probe under spans is followed by two spans, one per sparse
-        path, that count once, when the second is judged)."""
+        path, and each counts: Adaptive re-solves after the first, and again at least
+        ``adaptive.RECALIBRATED_MIN_INTERVAL`` steps later with both new slopes)."""
         return self.n_full_probes + self.n_span_moves
 
     # -- span steps (Adaptive) -------------------------------------------------------------------
@@ -567,12 +568,7 @@ class FlexibleController:
         after = self._span_ends_ms(path)
         moved = {c: abs(after[c] - ms) / max(ms, 1e-9) for c, ms in before.items()}
         end = max(moved, key=moved.get)
-        if first_of_two:  # one recalibration for the pair: the re-solve waits for both slopes
-            log.info("hvd_flexcomm: the span at cr %g after drift (measured %s ms on the %s, "
-                     "predicted %.1f ms) moved the predicted time at cr %g %.1f -> %.1f ms; the "
-                     "span on the %s follows", cr, shown, path, expected, end, before[end],
-                     after[end], self.span_second_path)
-        elif moved[end] > thr or after_drift:
+        if moved[end] > thr or after_drift:
             self.n_span_moves += 1
             log.info("hvd_flexcomm: the span at cr %g (measured %s ms on the %s, predicted %.1f "
                      "ms)%s moved the predicted time at cr %g %.1f -> %.1f ms (%.0f%%): model "
