@@ -526,8 +526,7 @@ class FlexibleController:
         before, timed = self.span_before_ms, self.span_samples
         after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
         self._end_span()
-        first_of_two = after_drift and self.span_other_due
-        if first_of_two:  # the other sparse path's span, at once
+        if after_drift and self.span_other_due:  # the other sparse path's span, at once
             self.span_other_due = False
             self.span_second_path = "allreduce" if path == "allgather" else "allgather"
             self.span_soon_step = 0

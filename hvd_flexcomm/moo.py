@@ -210,13 +210,13 @@ def tta_excess(time_ms: tuple, inverse_gain: tuple, other_ms: float, weights: tu
     lengthen the time to accuracy against a point ``(time_ms[1], inverse_gain[1])``: the ratio
     of ``step · (1/gain)^(w_gain/w_time)`` (``step = time + other_ms``, ms), minus 1. That is the
     time-to-accuracy pick's objective ``step^w_time · (1/gain)^w_gain`` raised to ``1/w_time``,
-    so that it reads as wall time. Pure function."""
-    _check_other_ms(other_ms)
-    wt, wg = (float(w) for w in weights)
-    step = [max(t + other_ms, 1e-9) for t in time_ms]
-    inv = [max(float(x), 1e-12) for x in inverse_gain]
-    log_ratio = math.log(step[0] / step[1]) + (wg / wt) * math.log(inv[0] / inv[1])
-    return math.exp(log_ratio) - 1.0
+    so that it reads as wall time (the difference of the two points' weighted
+    :func:`tta_objectives`, whose offsets cancel). Pure function."""
+    F = np.column_stack([np.asarray(time_ms, dtype=np.float64),
+                         np.asarray(inverse_gain, dtype=np.float64)])
+    w = np.asarray(weights, dtype=np.float64)
+    objective = tta_objectives(F, other_ms) @ w
+    return math.exp((objective[0] - objective[1]) / w[0]) - 1.0
 
 
 def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
