@@ -519,7 +519,9 @@ class FlexibleController:
           span's kinds drop their samples at
           every size but the one in use
           (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`) and take the span's
-          timings: the path's line rests on real steps, the CR in use and the span's end. If
+          timings (the slope learned over a wider base is unpinned first,
+          :meth:`~hvd_flexcomm.calibration.LinearCostFit.unpin_slope`): the path's line rests
+          on real steps, the CR in use and the span's end. If
           that moved the prediction at either end of the candidates by more than
           ``drift_threshold`` (or the span follows drift), the model counts one change
           (:attr:`model_version`) and Adaptive re-optimises."""
@@ -560,6 +562,9 @@ class FlexibleController:
                 keep = {in_use[kind]}
                 if after_drift and kind in self.drift_anchor_bytes:  # the drift probe's size
                     keep.add(self.drift_anchor_bytes[kind])
+                # the span's base (4x or more) may be narrower than the probe's, whose slope is
+                # pinned against narrower bases; two spans off on one side outweigh it
+                self.model.fits[kind].unpin_slope()
                 self.model.fits[kind].keep_sizes(keep)
         for step_samples in timed:
             for kind, nbytes, ms in step_samples:

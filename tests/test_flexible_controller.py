@@ -337,28 +337,31 @@ def test_span_steps_need_candidates_and_can_be_turned_off():
     assert all(off.step_cr(s, 0.01) == (0.01, None) for s in range(200))
 
 
-def test_span_timings_relearn_the_slope_without_firing_drift():
+@pytest.mark.parametrize("in_use", [0.01, 0.005])
+def test_span_timings_relearn_the_slope_without_firing_drift(in_use):
     """The network changed and a probe left a steep slope (the allgather predicted 3x dearer
     per byte than it is): a span at c_low measures the true cost there. One span off the model
     is only counted; the next one off on the same side refits the line, the prediction at the
     span's CR moves, and the model counts one recalibration. The spans' timings never reach the
-    drift detector; the cold step's feed nothing."""
+    drift detector; the cold step's feed nothing. At CR 0.005 in use, the two spans' base (5x)
+    is narrower than the probe's (100x), whose slope is pinned against narrower bases
+    (``calibration.LEARN_SPAN``): two spans off on the same side unpin it."""
     ctrl = _span_ctrl(span_steps=2, span_every=5)
-    size = {c: ctrl.payload_bytes(round(c * NUMEL))["allgather"] for c in (0.1, 0.01, 0.001)}
-    truth = {c: 50.0 + 1e-4 * size[c] for c in size}  # fixed cost 50 ms, 1e-4 ms/byte
+    size = {c: ctrl.payload_bytes(round(c * NUMEL))["allgather"] for c in (0.1, in_use, 0.001)}
+    truth = {c: 20.0 + 1e-4 * size[c] for c in size}  # fixed cost 20 ms, 1e-4 ms/byte
     # a probe after the change measured a line 3x as steep, right at the CR in use (no drift)
-    steep = {c: truth[0.01] + 3e-4 * (size[c] - size[0.01]) for c in size}
+    steep = {c: truth[in_use] + 3e-4 * (size[c] - size[in_use]) for c in size}
     ctrl.after_probe(1, [("allgather", size[c], steep[c]) for c in (0.1, 0.001) for _ in range(2)],
                      "full", spent_ms=1.0)
-    assert ctrl.decide(1, 0.01) == "allgather"
+    assert ctrl.decide(1, in_use) == "allgather"
     version = ctrl.model_version
-    for step in range(2, 6):  # steps at 0.01 measure the truth there, which the probe got right
-        assert ctrl.step_cr(step, 0.01) == (0.01, None)
-        ctrl.observe_step(_ag_control(truth[0.01]), 0.01)
+    for step in range(2, 6):  # steps at the CR in use measure the truth there, as the probe did
+        assert ctrl.step_cr(step, in_use) == (in_use, None)
+        ctrl.observe_step(_ag_control(truth[in_use]), in_use)
     assert ctrl.model.fits["allgather"].b_ms_per_byte == pytest.approx(3e-4, rel=1e-6)
     steep_at_high, steep_at_low = ctrl.predict(0.1)["allgather"], ctrl.predict(0.001)["allgather"]
     drift_state = (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key)
-    roles = [ctrl.step_cr(step, 0.01) for step in (6, 7)]
+    roles = [ctrl.step_cr(step, in_use) for step in (6, 7)]
     assert roles == [(0.001, "cold"), (0.001, "span")]
     ctrl.observe_step(_ag_control(5 * truth[0.001]), 0.001, "cold")  # negotiation: not fed
     assert ctrl.predict(0.001)["allgather"] == pytest.approx(steep_at_low)
@@ -370,16 +373,16 @@ def test_span_timings_relearn_the_slope_without_firing_drift():
     assert ctrl.model_version == version
     assert (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key) == drift_state
     for step in range(8, 11):
-        assert ctrl.step_cr(step, 0.01) == (0.01, None)
-        ctrl.observe_step(_ag_control(truth[0.01]), 0.01)
+        assert ctrl.step_cr(step, in_use) == (in_use, None)
+        ctrl.observe_step(_ag_control(truth[in_use]), in_use)
     drift_state = (list(ctrl.drift.history), ctrl.drift.count, ctrl.drift_key)
-    assert [ctrl.step_cr(step, 0.01) for step in (11, 12)] == [(0.001, "span")] * 2
+    assert [ctrl.step_cr(step, in_use) for step in (11, 12)] == [(0.001, "span")] * 2
     ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")
     ctrl.observe_step(_ag_control(truth[0.001]), 0.001, "span")
     # off twice on the same side: the probe's samples are gone, the line runs through the steps
-    # at 0.01 and the span
+    # at the CR in use and the span
     assert ctrl.model.fits["allgather"].n_sizes == 2 and ctrl.span_off_side is None
-    for c in (0.1, 0.01, 0.001):
+    for c in (0.1, in_use, 0.001):
         assert ctrl.predict(c)["allgather"] == pytest.approx(truth[c], rel=1e-6)
     assert steep_at_high > 1.5 * truth[0.1]
     assert ctrl.model_version == version + 1 and ctrl.n_span_moves == 1 and ctrl.n_span_offs == 1
