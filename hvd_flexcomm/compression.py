@@ -237,6 +237,9 @@ class Adaptive(Flexible):
     nothing).
 
     - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
+    - ``candidates``: the CRs whose gains are measured (at least two different ones); they must
+      cover ``[c_low, c_high]``, the range the solver searches (the gain curve is fitted over
+      them and not extrapolated).
     - ``warmup_steps``: CR falls linearly from 1.0 (dense) to ``cr`` over this many steps.
     - Re-optimise when the smoothed gain moves by ``gain_threshold`` (fraction) since the last
       optimisation, when the network model was recalibrated (drift), or (``time_scale="tta"``
@@ -349,13 +352,17 @@ class Adaptive(Flexible):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        cands = tuple(validate_cr(c) for c in self.candidates)
+        cands = tuple(sorted({validate_cr(c) for c in self.candidates}, reverse=True))
         if len(cands) < 2:
-            raise ValueError(f"candidates needs at least two CRs, got {self.candidates!r}")
-        object.__setattr__(self, "candidates", tuple(sorted(set(cands), reverse=True)))
+            raise ValueError(f"candidates needs at least two different CRs, got {self.candidates!r}")
+        object.__setattr__(self, "candidates", cands)
         lo, hi = validate_cr(self.c_low), validate_cr(self.c_high)
         if not lo < hi:
             raise ValueError(f"need c_low < c_high, got c_low={self.c_low!r}, c_high={self.c_high!r}")
+        if lo < cands[-1] or hi > cands[0]:  # the gains are measured at the candidates only
+            raise ValueError(f"candidates {cands} must cover [c_low, c_high] = [{lo:g}, {hi:g}]: "
+                             "the gain curve is measured at the candidates only, and is not "
+                             "extrapolated beyond them")
         w = self.weights
         if (not isinstance(w, (tuple, list)) or len(w) != 2
                 or not all(isinstance(x, (int, float)) and x > 0 and math.isfinite(x) for x in w)):

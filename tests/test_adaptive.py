@@ -506,6 +506,9 @@ def test_solver_failures_are_contained(caplog):
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"candidates": (0.1,)}, "candidates"), ({"c_low": 0.2, "c_high": 0.1}, "c_low"),
+    ({"candidates": (0.1, 0.1)}, "two different CRs.*0.1, 0.1"),
+    ({"c_low": 0.0005}, r"must cover \[c_low, c_high\] = \[0.0005, 0.1\]"),
+    ({"candidates": (0.05, 0.001)}, r"candidates \(0.05, 0.001\) must cover"),
     ({"weights": (1, -1)}, "weights"), ({"gain_every": 0}, "gain_every"),
     ({"warmup_steps": -1}, "warmup_steps"), ({"gain_threshold": 0}, "gain_threshold"),
     ({"candidates": (0.1, 2.0)}, "cr must be in"), ({"min_cr_change": 1.0}, "min_cr_change"),
