@@ -9,6 +9,7 @@ and met the change after the first step past that clock, and Adaptive's per-step
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -178,6 +179,54 @@ def test_smoothed_final_accuracy_is_the_mean_of_the_last_three_evaluations():
         "loadavg_end": [0, 0, 0], "cpus": 2, "total_s": 1.0})
 
 
+def test_smoothed_target_is_met_by_three_evaluations_in_a_row_on_average():
+    """The second ruler: Dense's last-3 mean minus the drop is the smoothed target, and a run
+    meets it at the first evaluation whose mean with the two before it reaches it (a single
+    lucky evaluation does not); the per-run table and the seed summary report it next to the
+    first crossing."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    evals = [{"step": 20 * i, "train_s": 2.0 * i, "accuracy": a}
+             for i, a in enumerate([0.1, 0.9, 0.5, 0.5, 0.8, 0.8, 0.8])]
+    assert bench.smoothed_hit(evals, 0.75)["step"] == 120  # (0.8 + 0.8 + 0.8) / 3
+    assert bench.smoothed_hit(evals, 0.65)["step"] == 100  # (0.5 + 0.8 + 0.8) / 3 = 0.7
+    assert bench.smoothed_hit(evals, 0.62)["step"] == 60  # (0.9 + 0.5 + 0.5) / 3 = 0.633
+    assert bench.smoothed_hit(evals[:3], 0.1) is None  # fewer than three evaluations after 0
+    assert bench.smoothed_hit(evals, 0.81) is None
+    dense = _method_record("Dense", "dense", [0.1, 0.80, 0.81, 0.83, 0.84, 0.85])  # last 3: 0.84
+    # crosses the single-evaluation target (0.84) at step 20, the smoothed one (0.83) at 100
+    lucky = _method_record("AG-Topk 0.01", "ag", [0.1, 0.845, 0.78, 0.80, 0.86, 0.87, 0.86])
+    steady = _method_record("Adaptive", "adaptive", [0.1, 0.80, 0.83, 0.84, 0.835, 0.83])
+    rows = bench.summarize_all([dense, lucky, steady], target=0.84, dense_acc=0.85)
+    assert [r["smoothed_target"] for r in rows] == [pytest.approx(0.83)] * 3
+    assert [r["steps_to_target"] for r in rows] == [80, 20, 60]
+    assert [r["steps_to_smoothed_target"] for r in rows] == [100, 100, 80]
+    assert rows[2]["time_to_smoothed_target_s"] == 8.0
+    verdict = bench.assess(rows, 0.85)
+    assert verdict["ratio_adaptive_vs_best_fixed"] == 6.0 / 2.0
+    assert verdict["ratio_adaptive_vs_best_fixed_smoothed"] == 8.0 / 10.0
+    assert verdict["target_faster_than_all_smoothed"] and not verdict["target_faster_than_all"]
+    result = {"settings": {"seed": 1, "target_drop": 0.01, "n": 4, "rate_mbit": 100.0,
+                           "delay_ms": 5.0, "model_name": "MLP", "parameters": 1,
+                           "batch_size": 64, "lr": 0.01, "momentum": 0.9, "dense_steps": 80,
+                           "max_steps_other": 240, "eval_every": 20},
+              "rows": rows, "assessment": verdict, "link": {}, "dense_accuracy": 0.85,
+              "target": 0.84, "time_budget_s": None, "records": [dense, lucky, steady],
+              "loadavg_start": [0, 0, 0], "loadavg_end": [0, 0, 0], "cpus": 2, "total_s": 1.0}
+    md = bench.markdown(result)
+    assert "| Adaptive | 6.0 | 60 | 8.0 (step 80) |" in md
+    assert "smoothed target" in md and "83.00%" in md
+    summary = bench.seed_summary([result])
+    by_name = {m["name"]: m for m in summary["methods"]}
+    assert by_name["Adaptive"]["median_smoothed_tta_s"] == 8.0
+    assert by_name["AG-Topk 0.01"]["smoothed_tta_s"] == [10.0]
+    ada = summary["adaptive"]["Adaptive"]
+    assert ada["median_smoothed_faster_than_all"] and not ada["median_faster_than_all"]
+    assert ada["seeds_smoothed_faster_than_all"] == 1
+    assert "| AG-Topk 0.01 | 10.0 | 10.0 |" in bench.seeds_markdown(summary, [result])
+
+
 def test_stall_seconds_count_only_time_beyond_three_medians():
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from bench_adaptive import stall_s
@@ -288,3 +337,61 @@ def test_repick_solves_finds_the_time_to_accuracy_optimum_of_exact_curves():
     picks = repick(solve, crs)
     assert picks["tta"] == pytest.approx(want, rel=0.02)
     assert picks["step"] < picks["tta"] and picks["front"] < picks["tta"]
+
+
+def _gain_solves(spec):
+    """Solves whose gains follow ``A·c^p`` exactly at the default candidates: [(step, A, p)]."""
+    from hvd_flexcomm.compression import DEFAULT_CANDIDATES
+
+    return [{"step": step, "gains": [a * c ** p for c in DEFAULT_CANDIDATES]} for step, a, p in spec]
+
+
+def test_estimate_gamma_recovers_the_exponent_of_synthetic_progress():
+    """Steps at CR c make progress gain(c)^γ: with gains 0.5·c^0.5 (the ratio to CR 0.01 is
+    (c / 0.01)^0.5), the γ that made the reference's steps equal the estimator recovers it; a
+    later solve's curve applies from its step on; no positive γ when Adaptive needed more steps."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import estimate_gamma as eg
+
+    rec = {"adaptive": {"solves": _gain_solves([(0, 0.5, 0.5)])},
+           "per_step": {"cr": [0.005] * 20 + [0.04] * 100}}
+    ratios = eg.gain_ratios(rec, 0.01, 120)
+    assert ratios[:20] == [pytest.approx(0.5 ** 0.5)] * 20 and ratios[20:] == [pytest.approx(2.0)] * 100
+    for gamma in (0.3, 0.6, 1.2):
+        ref_steps = 20 * 0.5 ** (0.5 * gamma) + 100 * 2.0 ** gamma
+        assert eg.solve_gamma(ratios, ref_steps) == pytest.approx(gamma, abs=1e-6)
+    assert eg.solve_gamma(ratios, 120) is None and eg.solve_gamma(ratios, 100) is None
+    assert eg.solve_gamma(ratios, 1e9) is None  # beyond GAMMA_BOUND
+    # the second solve's curve (p = 1: ratio 4 at CR 0.04) from its step on
+    rec["adaptive"]["solves"] = _gain_solves([(0, 0.5, 0.5), (70, 0.3, 1.0)])
+    ratios = eg.gain_ratios(rec, 0.01, 120)
+    assert ratios[69] == pytest.approx(2.0) and ratios[70] == pytest.approx(4.0)
+    assert eg.gain_ratios(rec, 0.01, 30) == ratios[:30]
+
+
+def test_estimate_gamma_reads_both_rulers_of_a_run():
+    """``estimate_run`` takes Adaptive's and the reference's steps to the target and to the
+    smoothed target from the run's own summary."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import estimate_gamma as eg
+
+    def record(name, kind, cr, accs, crs=None):
+        rec = _method_record(name, kind, accs)
+        rec["method"]["cr"] = cr
+        if crs is not None:
+            rec["per_step"]["cr"] = crs
+            rec["adaptive"] = {"solves": _gain_solves([(0, 0.5, 0.5)])}
+        return rec
+
+    dense = record("Dense", "dense", 1.0, [0.1, 0.80, 0.81, 0.83, 0.84, 0.85])
+    ag = record("AG-Topk 0.01", "ag", 0.01, [0.1, 0.7, 0.75, 0.80, 0.82, 0.84, 0.85, 0.85, 0.85])
+    ada = record("Adaptive", "adaptive", None, [0.1, 0.75, 0.84, 0.85, 0.85, 0.85, 0.85],
+                 crs=[0.04] * 120)  # ratio 2 at every step
+    result = {"records": [dense, ag, ada], "target": 0.84, "dense_accuracy": 0.85,
+              "settings": {"seed": 7}}
+    (est,) = eg.estimate_run(result, "AG-Topk 0.01")
+    assert est["steps_first"] == (40, 100) and est["steps_smoothed"] == (80, 120)
+    assert est["gamma_first"] == pytest.approx(math.log2(100 / 40))
+    assert est["gamma_smoothed"] == pytest.approx(math.log2(120 / 80))
+    with pytest.raises(ValueError, match="'AG-Topk 0.1'"):
+        eg.estimate_run(result, "AG-Topk 0.1")
