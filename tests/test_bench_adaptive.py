@@ -179,7 +179,7 @@ def test_smoothed_final_accuracy_is_the_mean_of_the_last_three_evaluations():
         "loadavg_end": [0, 0, 0], "cpus": 2, "total_s": 1.0})
 
 
-def test_smoothed_target_is_met_by_three_evaluations_in_a_row_on_average():
+def test_smoothed_target_is_met_by_three_evaluations_in_a_row_on_average(tmp_path):
     """The second ruler: Dense's last-3 mean minus the drop is the smoothed target, and a run
     meets it at the first evaluation whose mean with the two before it reaches it (a single
     lucky evaluation does not); the per-run table and the seed summary report it next to the
@@ -225,6 +225,9 @@ def test_smoothed_target_is_met_by_three_evaluations_in_a_row_on_average():
     assert ada["median_smoothed_faster_than_all"] and not ada["median_faster_than_all"]
     assert ada["seeds_smoothed_faster_than_all"] == 1
     assert "| AG-Topk 0.01 | 10.0 | 10.0 |" in bench.seeds_markdown(summary, [result])
+    bench.write_seed_summary([result], str(tmp_path))  # the plot gets a panel per ruler
+    assert json.loads((tmp_path / "seeds.json").read_text())["methods"][2]["smoothed_tta_s"] == [8.0]
+    assert (tmp_path / "seeds_tta.png").stat().st_size > 0
 
 
 def test_stall_seconds_count_only_time_beyond_three_medians():
