@@ -65,7 +65,8 @@ def gain_ratios(record: dict[str, Any], ref_cr: float, n_steps: int) -> list[flo
         while i + 1 < len(curves) and curves[i + 1][0] <= t:
             i += 1
         curve = curves[i][1]
-        out.append(float(curve(cr)) / float(curve(ref_cr)))
+        # a step without a recorded CR (none in Adaptive's records so far) counts as the reference's
+        out.append(1.0 if cr is None else float(curve(cr)) / float(curve(ref_cr)))
     return out
 
 
