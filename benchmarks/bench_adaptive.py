@@ -413,6 +413,21 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
     return row
 
 
+def _faster(t: Optional[float], other: Optional[float]) -> bool:
+    """A time to target ``t`` beats ``other`` (a miss, None, is slower than any time)."""
+    return t is not None and (other is None or t < other)
+
+
+def _against_fixed(ada: dict[str, Any], fixed: list[dict[str, Any]], others: list[dict[str, Any]],
+                   key: str) -> tuple[Optional[dict[str, Any]], Optional[float], bool]:
+    """On the ruler ``key`` (a row's time to target): the fastest fixed-CR row that reached the
+    target, Adaptive's time over its time, and whether Adaptive beat every one of ``others``."""
+    t_ada = ada[key]
+    best = min((r for r in fixed if r[key] is not None), key=lambda r: r[key], default=None)
+    ratio = t_ada / best[key] if t_ada is not None and best is not None else None
+    return best, ratio, bool(others) and all(_faster(t_ada, r[key]) for r in others)
+
+
 def assess(rows: list[dict[str, Any]], dense_acc: float) -> dict[str, Any]:
     """The acceptance targets (reported, not asserted) and the Adaptive-vs-best-fixed ratio."""
     ada = next((r for r in rows if r["kind"] == "adaptive"), None)
@@ -422,37 +437,23 @@ def assess(rows: list[dict[str, Any]], dense_acc: float) -> dict[str, Any]:
     if ada is None:
         return out
     t_ada = ada["time_to_target_s"]
-    reached = [r for r in fixed if r["time_to_target_s"] is not None]
-    best = min(reached, key=lambda r: r["time_to_target_s"]) if reached else None
+    others = fixed + ([dense] if dense is not None else [])
+    best, ratio, faster_all = _against_fixed(ada, fixed, others, "time_to_target_s")
     out["best_fixed"] = None if best is None else best["name"]
     out["best_fixed_time_s"] = None if best is None else best["time_to_target_s"]
     out["adaptive_time_s"] = t_ada
-    out["ratio_adaptive_vs_best_fixed"] = (t_ada / best["time_to_target_s"]
-                                           if t_ada is not None and best is not None else None)
+    out["ratio_adaptive_vs_best_fixed"] = ratio
     t_dense = None if dense is None else dense["time_to_target_s"]
     out["ratio_adaptive_vs_dense"] = t_ada / t_dense if t_ada and t_dense else None
-
-    def faster(r: dict) -> bool:
-        return t_ada is not None and (r["time_to_target_s"] is None or t_ada < r["time_to_target_s"])
-
-    others = fixed + ([dense] if dense is not None else [])
-    out["faster_than"] = {r["name"]: faster(r) for r in others}
-    out["target_faster_than_all"] = bool(others) and all(faster(r) for r in others)
+    out["faster_than"] = {r["name"]: _faster(t_ada, r["time_to_target_s"]) for r in others}
+    out["target_faster_than_all"] = faster_all
     out["target_accuracy_within_1pt"] = ada["final_accuracy"] >= dense_acc - 0.01
-    t_smooth = ada.get("time_to_smoothed_target_s")
     if ada.get("smoothed_target") is not None:  # the second ruler (see smoothed_hit)
+        best, ratio, faster_all = _against_fixed(ada, fixed, others, "time_to_smoothed_target_s")
         out["smoothed_target"] = ada["smoothed_target"]
-        reached_smooth = [r for r in fixed if r["time_to_smoothed_target_s"] is not None]
-        best_smooth = min(reached_smooth, key=lambda r: r["time_to_smoothed_target_s"],
-                          default=None)
-        out["best_fixed_smoothed"] = None if best_smooth is None else best_smooth["name"]
-        out["ratio_adaptive_vs_best_fixed_smoothed"] = (
-            t_smooth / best_smooth["time_to_smoothed_target_s"]
-            if t_smooth is not None and best_smooth is not None else None)
-        out["target_faster_than_all_smoothed"] = bool(others) and all(
-            t_smooth is not None and (r["time_to_smoothed_target_s"] is None
-                                      or t_smooth < r["time_to_smoothed_target_s"])
-            for r in others)
+        out["best_fixed_smoothed"] = None if best is None else best["name"]
+        out["ratio_adaptive_vs_best_fixed_smoothed"] = ratio
+        out["target_faster_than_all_smoothed"] = faster_all
     smoothed = ada.get("delta_last_evals_vs_dense_pts")
     out["target_accuracy_within_1pt_last_evals"] = None if smoothed is None else smoothed >= -1.0
     return out
@@ -749,6 +750,14 @@ def build_result(records: list[dict], settings: dict, link: dict, loadavg_start:
     }
 
 
+def resummarize(result: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's rows and assessment recomputed from its records with this version's summary
+    (e.g. columns added since it ran, such as the smoothed target); ``result`` is updated."""
+    result["rows"] = summarize_all(result["records"], result["target"], result["dense_accuracy"])
+    result["assessment"] = assess(result["rows"], result["dense_accuracy"])
+    return result
+
+
 def write_outputs(result: dict[str, Any], out: str) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "adaptive.json"), "w") as fh:
@@ -775,6 +784,21 @@ def _within_1pt(deltas: list[Optional[float]]) -> Optional[bool]:
     if all(d is None for d in deltas):
         return None
     return all(d is not None and d >= -1.0 for d in deltas)
+
+
+def _median_verdict(ada: dict[str, Any], others: list[dict[str, Any]], times_key: str,
+                    median_key: str) -> dict[str, Any]:
+    """Adaptive against ``others`` on one ruler (per-seed times ``times_key``, their median
+    ``median_key``): its median below every other median, its ratio to the best other median
+    and that method's name, and the seeds in which it beat every method that ran there."""
+    t_ada = _tta_key(ada[median_key])
+    best = min(others, key=lambda m: _tta_key(m[median_key]), default=None)
+    per_seed = [all(_tta_key(a) < _tta_key(m[times_key][i]) for m in others if m["ran"][i])
+                for i, a in enumerate(ada[times_key])]
+    return {"faster_than_all": all(t_ada < _tta_key(m[median_key]) for m in others),
+            "ratio": (None if best is None or best[median_key] is None or math.isinf(t_ada)
+                      else t_ada / best[median_key]),
+            "best": None if best is None else best["name"], "seeds_faster": sum(per_seed)}
 
 
 def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -808,32 +832,28 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": [res["settings"]["seed"] for res in results], "methods": methods}
     for ada in (m for m in methods if m["kind"] == "adaptive"):
         others = [m for m in methods if m["kind"] != "adaptive"]
-        t_ada = _tta_key(ada["median_tta_s"])
-        best = min(others, key=lambda m: _tta_key(m["median_tta_s"]), default=None)
-        per_seed = [all(_tta_key(a) < _tta_key(m["tta_s"][i]) for m in others if m["ran"][i])
-                    for i, a in enumerate(ada["tta_s"])]
-        t_smooth = _tta_key(ada["median_smoothed_tta_s"])
-        best_smooth = min(others, key=lambda m: _tta_key(m["median_smoothed_tta_s"]), default=None)
-        per_seed_smooth = [all(_tta_key(a) < _tta_key(m["smoothed_tta_s"][i])
-                               for m in others if m["ran"][i])
-                           for i, a in enumerate(ada["smoothed_tta_s"])]
+        first = _median_verdict(ada, others, "tta_s", "median_tta_s")
+        smooth = _median_verdict(ada, others, "smoothed_tta_s", "median_smoothed_tta_s")
         out.setdefault("adaptive", {})[ada["name"]] = {
-            "median_smoothed_faster_than_all": all(
-                t_smooth < _tta_key(m["median_smoothed_tta_s"]) for m in others),
-            "median_smoothed_ratio_vs_best_other": (
-                None if best_smooth is None or best_smooth["median_smoothed_tta_s"] is None
-                or math.isinf(t_smooth) else t_smooth / best_smooth["median_smoothed_tta_s"]),
-            "best_other_smoothed": None if best_smooth is None else best_smooth["name"],
-            "seeds_smoothed_faster_than_all": sum(per_seed_smooth),
-            "median_faster_than_all": all(t_ada < _tta_key(m["median_tta_s"]) for m in others),
-            "median_ratio_vs_best_other": (None if best is None or best["median_tta_s"] is None
-                                           or math.isinf(t_ada) else t_ada / best["median_tta_s"]),
-            "best_other": None if best is None else best["name"],
-            "seeds_faster_than_all": sum(per_seed),
+            "median_smoothed_faster_than_all": smooth["faster_than_all"],
+            "median_smoothed_ratio_vs_best_other": smooth["ratio"],
+            "best_other_smoothed": smooth["best"],
+            "seeds_smoothed_faster_than_all": smooth["seeds_faster"],
+            "median_faster_than_all": first["faster_than_all"],
+            "median_ratio_vs_best_other": first["ratio"],
+            "best_other": first["best"],
+            "seeds_faster_than_all": first["seeds_faster"],
             "within_1pt_every_seed": _within_1pt(ada["delta_vs_dense_pts"]),
             "within_1pt_every_seed_last_evals": _within_1pt(ada["delta_last_evals_vs_dense_pts"]),
         }
     return out
+
+
+def _seed_cells(times: list[Optional[float]], ran: list[bool], median: Optional[float]) -> str:
+    """A method's per-seed times and their median as table cells (``-``: not reached,
+    ``failed``: its job failed in that seed)."""
+    cells = [_fmt_s(t).replace("not reached", "-") if r else "failed" for t, r in zip(times, ran)]
+    return " | ".join(cells + [_fmt_s(median).replace("not reached", "-")])
 
 
 def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> str:
@@ -854,10 +874,7 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
              "|---|" + "---:|" * len(seeds) + "---:|---:|---|---|---|"]
     for m in summary["methods"]:
         lines.append(
-            f"| {m['name']} | " + " | ".join(
-                _fmt_s(t).replace("not reached", "-") if ran else "failed"
-                for t, ran in zip(m["tta_s"], m["ran"]))
-            + f" | {_fmt_s(m['median_tta_s']).replace('not reached', '-')} | "
+            f"| {m['name']} | {_seed_cells(m['tta_s'], m['ran'], m['median_tta_s'])} | "
             f"{m['reached']}/{sum(m['ran'])}"
             + " | " + ", ".join(_fmt_pts(d) for d in m["delta_vs_dense_pts"])
             + " | " + ", ".join(_fmt_pts(d) for d in m.get("delta_last_evals_vs_dense_pts")
@@ -871,10 +888,8 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
                   "| method | " + " | ".join(f"seed {x} (s)" for x in seeds) + " | median (s) |",
                   "|---|" + "---:|" * (len(seeds) + 1)]
         for m in summary["methods"]:
-            lines.append(f"| {m['name']} | " + " | ".join(
-                _fmt_s(t).replace("not reached", "-") if ran else "failed"
-                for t, ran in zip(m["smoothed_tta_s"], m["ran"]))
-                + f" | {_fmt_s(m['median_smoothed_tta_s']).replace('not reached', '-')} |")
+            lines.append(f"| {m['name']} | "
+                         f"{_seed_cells(m['smoothed_tta_s'], m['ran'], m['median_smoothed_tta_s'])} |")
     for name, a in summary.get("adaptive", {}).items():
         ratio = a["median_ratio_vs_best_other"]
         lines += ["", f"{name} (reported, not asserted):",
@@ -1011,19 +1026,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         loaded = []
         for path in found:
             with open(path) as fh:
-                res = json.load(fh)
-            # rows from the records with this version's summary (e.g. the smoothed target)
-            res["rows"] = summarize_all(res["records"], res["target"], res["dense_accuracy"])
-            res["assessment"] = assess(res["rows"], res["dense_accuracy"])
-            loaded.append(res)
+                loaded.append(resummarize(json.load(fh)))
         write_seed_summary(loaded, args.render_seeds)
         return 0
     if args.render:
         with open(args.render) as fh:
-            result = json.load(fh)
-        # rows and assessment from the records, with this version's summary (e.g. new columns)
-        result["rows"] = summarize_all(result["records"], result["target"], result["dense_accuracy"])
-        result["assessment"] = assess(result["rows"], result["dense_accuracy"])
+            result = resummarize(json.load(fh))
         write_outputs(result, os.path.dirname(os.path.abspath(args.render)))
         return 0
     if os.geteuid() != 0:
