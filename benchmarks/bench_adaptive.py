@@ -66,7 +66,12 @@ seed has its own Dense run, target and budget), each under ``--out``/``seed<S>/`
 per seed, its median over seeds (a method that missed the target counts as slower than any that
 reached it), and the targets judged on the medians and seed by seed. Test accuracy swings by
 several points between evaluations at this learning rate, so one seed's times to target carry
-noise of the order of the differences between methods.
+noise of the order of the differences between methods. The summary also compares Adaptive with
+each method seed by seed (in how many seeds it was faster, the median per-seed ratio, and a
+two-sided sign test: 5 of 5 seeds gives p = 0.06, so at least 6 seeds are needed to show a
+difference at p < 0.05). ``--render-seeds DIR1 DIR2 ... --out O`` pools the seeds of several
+``--seeds`` runs with the same settings (refused, naming them, when settings differ or a seed
+repeats) into one summary under ``O``, e.g. a run of seeds 47-51 with an earlier one of 42-46.
 
 Writes ``adaptive.json`` (everything, including every step's CR, collective and timings),
 ``adaptive.md`` (the table), ``accuracy_vs_time.png`` (accuracy vs training time, every method)
@@ -801,6 +806,38 @@ def _median_verdict(ada: dict[str, Any], others: list[dict[str, Any]], times_key
             "best": None if best is None else best["name"], "seeds_faster": sum(per_seed)}
 
 
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: the probability, if each seed were equally likely to favour
+    either method, of a split at least as uneven as ``wins`` : ``losses`` (ties left out
+    before). 1.0 with no untied seed. Pure function."""
+    if wins < 0 or losses < 0:
+        raise ValueError(f"counts must be >= 0, got wins={wins}, losses={losses}")
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_against(ada: dict[str, Any], other: dict[str, Any], times_key: str) -> dict[str, Any]:
+    """Adaptive against one ``other`` method seed by seed, on the ruler ``times_key``, over the
+    seeds where both ran: in how many it was faster / slower / tied (a miss is slower than any
+    time; two misses tie), the per-seed ratios Adaptive / other (seeds where both reached the
+    target) and their median, and :func:`sign_test_p` of the split."""
+    wins = losses = ties = 0
+    ratios: list[float] = []
+    for a, o, ran_a, ran_o in zip(ada[times_key], other[times_key], ada["ran"], other["ran"]):
+        if not (ran_a and ran_o):
+            continue
+        t_a, t_o = _tta_key(a), _tta_key(o)
+        wins, losses, ties = wins + (t_a < t_o), losses + (t_a > t_o), ties + (t_a == t_o)
+        if a is not None and o is not None:
+            ratios.append(a / o)
+    return {"seeds": wins + losses + ties, "faster": wins, "slower": losses, "ties": ties,
+            "ratios": ratios, "median_ratio": statistics.median(ratios) if ratios else None,
+            "sign_test_p": sign_test_p(wins, losses)}
+
+
 def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method: time to target and final accuracy (vs Dense) per seed and their medians; the
     Adaptive targets judged on the medians and seed by seed. A method whose job failed in a seed
@@ -845,6 +882,8 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             "seeds_faster_than_all": first["seeds_faster"],
             "within_1pt_every_seed": _within_1pt(ada["delta_vs_dense_pts"]),
             "within_1pt_every_seed_last_evals": _within_1pt(ada["delta_last_evals_vs_dense_pts"]),
+            "paired": {ruler: {m["name"]: paired_against(ada, m, ruler) for m in others}
+                       for ruler in ("tta_s", "smoothed_tta_s")},
         }
     return out
 
@@ -867,11 +906,19 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
              "its own Dense run, target and time budget, see `seed<S>/adaptive.md`). Times in s of "
              "training clock; `-` = target not reached within the budget (counted as slower than "
              "any time when taking medians); `failed` = the method's job failed in that seed (left "
-             "out of that seed and of the median).", "",
-             "| method | " + " | ".join(f"seed {x} (s)" for x in seeds)
-             + f" | median (s) | reached | final acc vs Dense (pts) | last {LAST_EVALS} evals vs Dense "
-             "(pts) | mean step (ms) |",
-             "|---|" + "---:|" * len(seeds) + "---:|---:|---|---|---|"]
+             "out of that seed and of the median).", ""]
+    sources: dict[str, list] = {}
+    for res in results:
+        if res.get("source"):
+            sources.setdefault(res["source"], []).append(res["settings"]["seed"])
+    if len(sources) > 1:
+        lines += ["Pooled from runs with the same settings: " + "; ".join(
+            f"`{src}` (seeds {', '.join(map(str, seeds_of))})" for src, seeds_of in sources.items())
+            + ".", ""]
+    lines += ["| method | " + " | ".join(f"seed {x} (s)" for x in seeds)
+              + f" | median (s) | reached | final acc vs Dense (pts) | last {LAST_EVALS} evals vs "
+              "Dense (pts) | mean step (ms) |",
+              "|---|" + "---:|" * len(seeds) + "---:|---:|---|---|---|"]
     for m in summary["methods"]:
         lines.append(
             f"| {m['name']} | {_seed_cells(m['tta_s'], m['ran'], m['median_tta_s'])} | "
@@ -908,7 +955,31 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
                   + _fmt_met(a["within_1pt_every_seed"]) + " (last evaluation); "
                   + _fmt_met(a.get("within_1pt_every_seed_last_evals"))
                   + f" (mean of the last {LAST_EVALS} evaluations, against Dense's)"]
+        lines += _paired_lines(a.get("paired") or {})
     return "\n".join(lines) + "\n"
+
+
+def _paired_lines(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The seed-by-seed comparisons of :func:`paired_against` as bullet lines, one per other
+    method, both rulers on the line."""
+    names = list(paired.get("tta_s", {}))
+    if not names:
+        return []
+    lines = ["- seed by seed against each method (faster in / seeds both ran; median of the "
+             "per-seed ratios Adaptive / method; two-sided sign test p: the chance of a split "
+             "at least this uneven if neither were faster; p > 0.05 = no difference shown):"]
+    for name in names:
+        parts = []
+        for ruler, label in (("tta_s", "first crossing"), ("smoothed_tta_s", "smoothed")):
+            c = paired.get(ruler, {}).get(name)
+            if c is None or c["seeds"] == 0:
+                continue
+            ratio = "-" if c["median_ratio"] is None else f"{c['median_ratio']:.2f}"
+            tied = f", {c['ties']} tied" if c["ties"] else ""
+            parts.append(f"{label}: faster in {c['faster']}/{c['seeds']}{tied}, ratio {ratio}, "
+                         f"p = {c['sign_test_p']:.2f}")
+        lines.append(f"  - {name}: " + "; ".join(parts))
+    return lines
 
 
 def seeds_plot(summary: dict[str, Any], path: str) -> None:
@@ -951,6 +1022,44 @@ def seeds_plot(summary: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+#: settings that may differ between pooled runs (each run's seed is its own)
+POOL_FREE_SETTINGS = ("seed",)
+
+
+def load_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
+    """Every ``seed*/adaptive.json`` under each of ``dirs``, re-summarised (:func:`resummarize`),
+    in seed order, each with ``source`` (the directory it came from). Pools runs of one setting:
+    raises ``ValueError`` naming the directory and the settings when a run's settings differ
+    from the first's (other than :data:`POOL_FREE_SETTINGS`), when a seed appears twice, or when
+    a directory holds no run."""
+    results: list[dict[str, Any]] = []
+    for d in dirs:
+        found = sorted(glob.glob(os.path.join(d, "seed*", "adaptive.json")))
+        if not found:
+            raise ValueError(f"no seed*/adaptive.json under {d!r}")
+        for path in found:
+            with open(path) as fh:
+                res = resummarize(json.load(fh))
+            res["source"] = d
+            results.append(res)
+
+    def setting(res: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in res["settings"].items() if k not in POOL_FREE_SETTINGS}
+
+    first = setting(results[0])
+    for res in results[1:]:
+        differ = sorted(k for k in set(first) | set(setting(res))
+                        if first.get(k) != res["settings"].get(k))
+        if differ:
+            raise ValueError(f"{res['source']!r} (seed {res['settings'].get('seed')}) was run with "
+                             f"other settings than {results[0]['source']!r}: {', '.join(differ)}")
+    seeds = Counter(res["settings"]["seed"] for res in results)
+    twice = sorted(seed for seed, count in seeds.items() if count > 1)
+    if twice:
+        raise ValueError(f"seed(s) {twice} appear in more than one run: pool distinct seeds")
+    return sorted(results, key=lambda res: res["settings"]["seed"])
 
 
 def write_seed_summary(results: list[dict[str, Any]], out: str) -> dict[str, Any]:
@@ -1016,18 +1125,20 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "--no-job-per-method: one job trains them all in turn)")
     ap.add_argument("--out", default=os.path.join(REPO, "results", "adaptive"))
     ap.add_argument("--render", metavar="JSON", help="re-render the table and plots of a saved run")
-    ap.add_argument("--render-seeds", metavar="DIR", help="re-render the summary of a --seeds run")
+    ap.add_argument("--render-seeds", metavar="DIR", nargs="+",
+                    help="re-render the summary of a --seeds run (written into DIR); several "
+                         "DIRs: pool their seeds (same settings, distinct seeds) into one "
+                         "summary under --out")
     args = ap.parse_args(argv)
 
     if args.render_seeds:
-        found = sorted(glob.glob(os.path.join(args.render_seeds, "seed*", "adaptive.json")))
-        if not found:
-            ap.error(f"no seed*/adaptive.json under {args.render_seeds!r}")
-        loaded = []
-        for path in found:
-            with open(path) as fh:
-                loaded.append(resummarize(json.load(fh)))
-        write_seed_summary(loaded, args.render_seeds)
+        try:
+            loaded = load_seed_runs(args.render_seeds)
+        except ValueError as exc:
+            ap.error(str(exc))
+        out = args.render_seeds[0] if len(args.render_seeds) == 1 else args.out
+        os.makedirs(out, exist_ok=True)
+        write_seed_summary(loaded, out)
         return 0
     if args.render:
         with open(args.render) as fh:

@@ -398,3 +398,88 @@ def test_estimate_gamma_reads_both_rulers_of_a_run():
     assert est["gamma_smoothed"] == pytest.approx(math.log2(120 / 80))
     with pytest.raises(ValueError, match="'AG-Topk 0.1'"):
         eg.estimate_run(result, "AG-Topk 0.1")
+
+
+def test_sign_test_and_seed_by_seed_comparison():
+    """The paired comparison counts, over the seeds where both methods ran, the seeds in which
+    Adaptive was faster (a miss is slower than any time), takes the ratios where both reached
+    the target, and gives the two-sided sign test of the split."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    assert bench.sign_test_p(5, 0) == pytest.approx(2 / 32)  # 5 of 5 seeds: not below 0.05
+    assert bench.sign_test_p(0, 5) == pytest.approx(2 / 32)
+    assert bench.sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024)
+    assert bench.sign_test_p(3, 3) == 1.0 and bench.sign_test_p(0, 0) == 1.0
+    with pytest.raises(ValueError, match="wins=-1"):
+        bench.sign_test_p(-1, 2)
+    ada = {"tta_s": [40.0, None, 45.0, 30.0, None], "ran": [True] * 5}
+    other = {"tta_s": [50.0, 60.0, 44.0, None, None], "ran": [True, True, True, False, True]}
+    c = bench.paired_against(ada, other, "tta_s")
+    assert (c["seeds"], c["faster"], c["slower"], c["ties"]) == (4, 1, 2, 1)  # seed 4: other failed
+    assert c["ratios"] == [0.8, 45.0 / 44.0]
+    assert c["median_ratio"] == pytest.approx((0.8 + 45.0 / 44.0) / 2)
+    assert c["sign_test_p"] == 1.0
+
+    results = [_seed_result(s, {"Dense": ("dense", 90.0, 0.0), "AG-Topk 0.01": ("ag", ag, 1.0),
+                                "Adaptive": ("adaptive", a, 0.5)})
+               for s, ag, a in [(1, 50.0, 40.0), (2, 60.0, None), (3, 44.0, 45.0)]]
+    for res in results:  # runs saved before the smoothed ruler: no smoothed times
+        for row in res["rows"]:
+            row["time_to_smoothed_target_s"] = None
+    summary = bench.seed_summary(results)
+    paired = summary["adaptive"]["Adaptive"]["paired"]
+    assert paired["tta_s"]["AG-Topk 0.01"]["faster"] == 1
+    assert paired["tta_s"]["Dense"]["faster"] == 2  # seed 2: Adaptive missed
+    assert paired["smoothed_tta_s"]["Dense"]["ties"] == 3
+    md = bench.seeds_markdown(summary, results)
+    assert "  - AG-Topk 0.01: first crossing: faster in 1/3, ratio 0.91, p = 1.00" in md
+
+
+def _saved_run(seed: int, delay_ms: float = 5.0) -> dict:
+    """A saved run (``adaptive.json``) of one seed, with the records the summary recomputes from."""
+    dense = _method_record("Dense", "dense", [0.1, 0.80, 0.81, 0.83, 0.84, 0.85])
+    ag = _method_record("AG-Topk 0.01", "ag", [0.1, 0.845, 0.78, 0.80, 0.86, 0.87, 0.86])
+    ada = _method_record("Adaptive", "adaptive", [0.1, 0.80, 0.83, 0.84, 0.835, 0.83])
+    return {"settings": {"seed": seed, "target_drop": 0.01, "n": 4, "rate_mbit": 100.0,
+                         "delay_ms": delay_ms, "model_name": "MLP", "parameters": 1,
+                         "batch_size": 64, "lr": 0.01, "momentum": 0.9, "dense_steps": 80,
+                         "max_steps_other": 240, "eval_every": 20},
+            "rows": [], "assessment": {}, "link": {}, "dense_accuracy": 0.85, "target": 0.84,
+            "time_budget_s": None, "records": [dense, ag, ada], "loadavg_start": [0, 0, 0],
+            "loadavg_end": [0, 0, 0], "cpus": 2, "total_s": 1.0}
+
+
+def test_render_seeds_pools_runs_of_one_setting_and_names_what_differs(tmp_path):
+    """``--render-seeds A B --out O`` pools the seeds of two runs with the same settings into one
+    summary under O; a run with other settings, or a seed in both, is refused with a message
+    that names them."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    def save(run_dir, seed, **kw):
+        (run_dir / f"seed{seed}").mkdir(parents=True)
+        (run_dir / f"seed{seed}" / "adaptive.json").write_text(json.dumps(_saved_run(seed, **kw)))
+
+    save(tmp_path / "a", 1)
+    save(tmp_path / "a", 2)
+    save(tmp_path / "b", 3)
+    save(tmp_path / "c", 4, delay_ms=25.0)
+    save(tmp_path / "d", 2)
+    pooled = bench.load_seed_runs([str(tmp_path / "b"), str(tmp_path / "a")])
+    assert [r["settings"]["seed"] for r in pooled] == [1, 2, 3]
+    assert pooled[0]["rows"][2]["time_to_smoothed_target_s"] == 8.0  # recomputed from records
+    with pytest.raises(ValueError, match=r"seed 4\) was run with other settings .*: delay_ms"):
+        bench.load_seed_runs([str(tmp_path / "a"), str(tmp_path / "c")])
+    with pytest.raises(ValueError, match=r"seed\(s\) \[2\] appear in more than one run"):
+        bench.load_seed_runs([str(tmp_path / "a"), str(tmp_path / "d")])
+    with pytest.raises(ValueError, match="no seed"):
+        bench.load_seed_runs([str(tmp_path / "a"), str(tmp_path / "missing")])
+    out = tmp_path / "pooled"
+    assert bench.main(["--render-seeds", str(tmp_path / "a"), str(tmp_path / "b"),
+                       "--out", str(out)]) == 0
+    md = (out / "seeds.md").read_text()
+    assert "over 3 seeds" in md and "Pooled from runs with the same settings" in md
+    assert f"`{tmp_path / 'a'}` (seeds 1, 2)" in md
+    assert json.loads((out / "seeds.json").read_text())["seeds"] == [1, 2, 3]
+    assert not (tmp_path / "a" / "seeds.md").exists()  # one DIR: written into it; several: --out
