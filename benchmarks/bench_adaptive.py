@@ -68,7 +68,7 @@ reached it), and the targets judged on the medians and seed by seed. Test accura
 several points between evaluations at this learning rate, so one seed's times to target carry
 noise of the order of the differences between methods. The summary also compares Adaptive with
 each method seed by seed (in how many seeds it was faster, the median per-seed ratio, and a
-two-sided sign test: 5 of 5 seeds gives p = 0.06, so at least 6 seeds are needed to show a
+two-sided sign test: 5 of 5 seeds gives p = 0.062, so at least 6 seeds are needed to show a
 difference at p < 0.05). ``--render-seeds DIR1 DIR2 ... --out O`` pools the seeds of several
 ``--seeds`` runs with the same settings (refused, naming them, when settings differ or a seed
 repeats) into one summary under ``O``, e.g. a run of seeds 47-51 with an earlier one of 42-46.
@@ -977,7 +977,7 @@ def _paired_lines(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             ratio = "-" if c["median_ratio"] is None else f"{c['median_ratio']:.2f}"
             tied = f", {c['ties']} tied" if c["ties"] else ""
             parts.append(f"{label}: faster in {c['faster']}/{c['seeds']}{tied}, ratio {ratio}, "
-                         f"p = {c['sign_test_p']:.2f}")
+                         f"p = {c['sign_test_p']:.3f}")
         lines.append(f"  - {name}: " + "; ".join(parts))
     return lines
 

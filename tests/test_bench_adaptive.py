@@ -433,7 +433,7 @@ def test_sign_test_and_seed_by_seed_comparison():
     assert paired["tta_s"]["Dense"]["faster"] == 2  # seed 2: Adaptive missed
     assert paired["smoothed_tta_s"]["Dense"]["ties"] == 3
     md = bench.seeds_markdown(summary, results)
-    assert "  - AG-Topk 0.01: first crossing: faster in 1/3, ratio 0.91, p = 1.00" in md
+    assert "  - AG-Topk 0.01: first crossing: faster in 1/3, ratio 0.91, p = 1.000" in md
 
 
 def _saved_run(seed: int, delay_ms: float = 5.0) -> dict:
