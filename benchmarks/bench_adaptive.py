@@ -723,7 +723,9 @@ def plots(result: dict[str, Any], out: str) -> list[str]:
         ax1.set_ylabel("compression ratio")
         ax1.grid(alpha=0.3, which="both")
         ax1.legend(fontsize=8)
-        ax1.set_title("Adaptive's CR and collective per step (Flexible for comparison)"
+        flexible = any(r["method"]["kind"] == "flexible" for r in recs)
+        ax1.set_title("Adaptive's CR and collective per step"
+                      + (" (Flexible for comparison)" if flexible else "")
                       + ("; dotted: the network change" if any(r.get("network_change") for r in recs)
                          else ""))
         ax2.set_yticks(list(levels.values()), list(levels.keys()))
