@@ -419,8 +419,9 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
 
 
 def _faster(t: Optional[float], other: Optional[float]) -> bool:
-    """A time to target ``t`` beats ``other`` (a miss, None, is slower than any time)."""
-    return t is not None and (other is None or t < other)
+    """A time to target ``t`` beats ``other`` (a miss, None, is slower than any time; two misses
+    tie)."""
+    return _tta_key(t) < _tta_key(other)
 
 
 def _against_fixed(ada: dict[str, Any], fixed: list[dict[str, Any]], others: list[dict[str, Any]],
@@ -831,8 +832,8 @@ def paired_against(ada: dict[str, Any], other: dict[str, Any], times_key: str) -
     for a, o, ran_a, ran_o in zip(ada[times_key], other[times_key], ada["ran"], other["ran"]):
         if not (ran_a and ran_o):
             continue
-        t_a, t_o = _tta_key(a), _tta_key(o)
-        wins, losses, ties = wins + (t_a < t_o), losses + (t_a > t_o), ties + (t_a == t_o)
+        win, loss = _faster(a, o), _faster(o, a)
+        wins, losses, ties = wins + win, losses + loss, ties + (not (win or loss))
         if a is not None and o is not None:
             ratios.append(a / o)
     return {"seeds": wins + losses + ties, "faster": wins, "slower": losses, "ties": ties,
