@@ -215,17 +215,21 @@ class FlexibleController:
         kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
         return [(kind, self.payload_bytes(k)[kind]) for kind in kinds]
 
+    def far_ends(self, cr: float) -> list[tuple[int, float]]:
+        """``[(k, end), ...]``: the ends of ``probe_crs`` whose k lies :data:`SPAN_MIN_RATIO`
+        times or more from the k of ``cr`` (a narrower base would not pin a slope), low end
+        first; what spans and drift probes under span steps choose from."""
+        k = k_for(cr, self.numel)
+        ends = [(k_for(end, self.numel), end) for end in (min(self.probe_crs),
+                                                          max(self.probe_crs))]
+        return [(k_end, end) for k_end, end in ends
+                if max(k_end, k) >= SPAN_MIN_RATIO * min(k_end, k)]
+
     def far_end_cr(self, cr: float) -> Optional[float]:
         """The end of ``probe_crs`` that a drift probe under span steps times besides the CR in
-        use ``cr``: of the ends whose k lies :data:`SPAN_MIN_RATIO` times or more from ``cr``'s
-        (a narrower base would not pin the slope), the one with the smaller k (a probe costs its
-        whole time, and the small end costs least); None when neither end is that far."""
-        k = k_for(cr, self.numel)
-        ends = []
-        for end in (min(self.probe_crs), max(self.probe_crs)):
-            k_end = k_for(end, self.numel)
-            if max(k_end, k) >= SPAN_MIN_RATIO * min(k_end, k):
-                ends.append((k_end, end))
+        use ``cr``: of the :meth:`far_ends`, the one with the smaller k (a probe costs its whole
+        time, and the small end costs least); None when neither end is that far."""
+        ends = self.far_ends(cr)
         return min(ends)[1] if ends else None
 
     def probe_warm_up(self, kind: str) -> tuple[bool, Optional[set]]:
@@ -347,14 +351,10 @@ class FlexibleController:
                            -1 if self.last_span_step is None else self.last_span_step)
         if since < self.mode.span_every:
             return cr, None
-        k = k_for(cr, self.numel)
         path = self.path
         now_ms = self.predict(cr)[path]
         options = []
-        for end in (min(self.probe_crs), max(self.probe_crs)):
-            k_end = k_for(end, self.numel)
-            if max(k_end, k) < SPAN_MIN_RATIO * min(k_end, k):
-                continue
+        for k_end, end in self.far_ends(cr):
             end_ms = self.predict(end)[path]
             options.append((n * max(0.0, end_ms - now_ms), end, end_ms, k_end))
         if not options:
