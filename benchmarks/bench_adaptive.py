@@ -367,6 +367,24 @@ def summarize_all(records: list[dict[str, Any]], target: float,
     return rows
 
 
+def cr_change_after_network_change(changes: Optional[list], change: Optional[dict[str, Any]],
+                                   step_ms: list[float]) -> Optional[dict[str, Any]]:
+    """Adaptive's first CR change after the network change: ``{"step", "cr", "steps", "s"}``:
+    the step the new CR took effect at, the CR, how many steps ran between the change and it
+    (at the old CR), and their training time (s). ``changes``: ``[(step, cr), ...]`` (the step
+    that first ran the CR); ``change``: the record's ``network_change`` (its ``step``: steps run
+    before the change); ``step_ms``: each step's ms, step 0 first. None without an applied
+    change or a CR change after it."""
+    if not change or not change.get("network") or not changes:
+        return None
+    at = int(change["step"])
+    step, cr = next(((int(s), float(c)) for s, c in changes if int(s) >= at), (None, None))
+    if step is None:
+        return None
+    return {"step": step, "cr": cr, "steps": step - at,
+            "s": sum(ms for ms in step_ms[at:step] if ms is not None) / 1e3}
+
+
 def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[str, Any]:
     """One row of the table from one method record of the job."""
     hit = next((e for e in rec["evals"] if e["accuracy"] >= target), None)
@@ -413,6 +431,8 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         row["cr_max"] = max(crs) if crs else None
         row["cr_mean_after_warmup"] = _mean(after)
         row["cr_changes"] = rec.get("adaptive", {}).get("changes")
+        row["cr_after_change"] = cr_change_after_network_change(
+            row["cr_changes"], rec.get("network_change"), ps["ms"])
         row["announcements"] = rec.get("adaptive", {}).get("announcements")
         row["kept"] = rec.get("adaptive", {}).get("kept")
     return row
@@ -541,6 +561,14 @@ def network_change_line(rows: list[dict[str, Any]], settings: dict[str, Any]) ->
             + "; ".join(f"{r['name']} {_change_where(r)}" for r in rows) + "."]
 
 
+def _fmt_after_change(after: Optional[dict[str, Any]]) -> str:
+    """:func:`cr_change_after_network_change` as text."""
+    if after is None:
+        return "none"
+    return (f"CR {after['cr']:g} from step {after['step']}, {after['steps']} steps "
+            f"({after['s']:.1f} s of training) after the change")
+
+
 def _adaptive_settings(records: list[dict[str, Any]]) -> str:
     warmups = sorted({f"{r['method']['options']['warmup_steps']} steps"
                       for r in records if r["method"]["kind"] == "adaptive"})
@@ -588,6 +616,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['train_s']:.1f} | {r['mean_step_ms']:.0f} | {r['median_step_ms']:.0f} | {comm} | "
             f"{_fmt_probes(r)} | {coll} |")
     lines += network_change_line(rows, s)
+    lines += [f"{r['name']}'s first CR change after it: {_fmt_after_change(r['cr_after_change'])}."
+              for r in rows if r["kind"] == "adaptive" and r.get("network_change")]
     lines += stall_lines(rows)
     for ada in (r for r in rows if r["kind"] == "adaptive"):
         lines += ["", f"{ada['name']}'s CR: first {ada['cr_first']:g}, last {ada['cr_last']:g}, range "
@@ -868,6 +898,7 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
                                               else r.get("delta_last_evals_vs_dense_pts")
                                               for r in rows],
             "mean_step_ms": [None if r is None else r["mean_step_ms"] for r in rows],
+            "cr_after_change": [None if r is None else r.get("cr_after_change") for r in rows],
         })
     out: dict[str, Any] = {"seeds": [res["settings"]["seed"] for res in results], "methods": methods}
     for ada in (m for m in methods if m["kind"] == "adaptive"):
@@ -959,6 +990,11 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
                   + _fmt_met(a.get("within_1pt_every_seed_last_evals"))
                   + f" (mean of the last {LAST_EVALS} evaluations, against Dense's)"]
         lines += _paired_lines(a.get("paired") or {})
+        ada = next(m for m in summary["methods"] if m["name"] == name)
+        if s.get("network_change"):
+            lines.append("- first CR change after the network change: " + "; ".join(
+                f"seed {seed}: {_fmt_after_change(after)}"
+                for seed, after in zip(seeds, ada.get("cr_after_change") or [None] * len(seeds))))
     return "\n".join(lines) + "\n"
 
 

@@ -285,6 +285,27 @@ def test_network_text_names_the_change_and_rates_parse_with_inf():
     assert "AG-Topk 0.01 after step 9 (20.1 s), asked for but not applied before the end" in line
 
 
+def test_first_cr_change_after_the_network_change_counts_steps_and_training_time():
+    """The steps run at the old CR between the change (after ``step`` steps) and the first step
+    at a new CR, and their time; CR changes before the change, a change asked for but never
+    applied, and no CR change after it give None."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_adaptive import _fmt_after_change, cr_change_after_network_change
+
+    step_ms = [500.0] * 6 + [400.0] * 10  # the change came after 6 steps
+    change = {"step": 6, "train_s": 3.0, "network": {"label": "5 ms / 100 Mbit"}}
+    after = cr_change_after_network_change([[2, 0.1], [9, 0.02], [12, 0.04]], change, step_ms)
+    assert after == {"step": 9, "cr": 0.02, "steps": 3, "s": pytest.approx(1.2)}
+    assert _fmt_after_change(after) == ("CR 0.02 from step 9, 3 steps (1.2 s of training) after "
+                                        "the change")
+    assert cr_change_after_network_change([[6, 0.03]], change, step_ms)["steps"] == 0
+    assert cr_change_after_network_change([[2, 0.1]], change, step_ms) is None
+    assert cr_change_after_network_change([[9, 0.02]], dict(change, network=None), step_ms) is None
+    assert cr_change_after_network_change([[9, 0.02]], None, step_ms) is None
+    assert cr_change_after_network_change(None, change, step_ms) is None
+    assert _fmt_after_change(None) == "none"
+
+
 def test_network_hand_shake_files_request_answer_and_time_out(tmp_path):
     """The job's side of the hand-shake on real files: a request returns at once, the answer is
     what the driver wrote, and a driver that never answers is named in the error."""
