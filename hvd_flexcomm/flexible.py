@@ -180,12 +180,13 @@ class FlexibleController:
                 plan.append(("allgather", 8))
             return plan, self.mode.probe_repeats, "full"
         if self.drift_probe_due:
-            plan = self._unused_path_plan(k)
+            plan = []
             far = self.far_end_cr(cr) if self.spans_on else None
-            if far is not None:
+            if far is not None:  # first: see after_probe
                 far_bytes = self.payload_bytes(k_for(far, self.numel))
                 plan += [(kind, far_bytes[kind]) for kind in ("allgather", "broadcast",
                                                                "allreduce")]
+            plan += self._unused_path_plan(k)
             if self.mode.selector == "var" and self.path == "allgather":
                 plan.append(("allgather", 8))  # VAR's norm allgather rides on the AG fit
             return plan, self.mode.probe_repeats, "drift"
@@ -259,6 +260,12 @@ class FlexibleController:
         unpins every slope, so that two sizes of the new network replace it: under span steps
         the probe timed each kind at the far end of the candidates as well, so every line is
         the new network's and the model counts one recalibration (:attr:`model_version`).
+        The fits take a drift probe's samples in plan order (the far end first) and the recent
+        steps' after them, so the samples at the size in use are the last to leave a fit's
+        window: steps at a new CR between the two would otherwise form a chord with the far end
+        alone (0.001 to 0.015, 15x: wide enough to re-learn the slope, and latency-bound, so
+        flat), which on a 100 Mbit/s, 5 ms link once predicted 182 ms at CR 0.1 where steps
+        took 330 ms, and the CR went to 0.1 until drift was detected again.
         ``spent_ms``: this rank's wall time in the probes (reported, not used in decisions)."""
         if kind not in ("full", "drift", "refresh"):
             raise ValueError(f"probe kind must be 'full', 'drift' or 'refresh', got {kind!r}")
@@ -275,10 +282,11 @@ class FlexibleController:
                 self.model.fits[coll].reset_level()
             for fit in self.model.fits.values():  # the new network's slopes may replace them
                 fit.unpin_slope()
-            for coll, nbytes, ms in recent:
-                self.model.observe(coll, nbytes, ms)
         for coll, nbytes, ms in results:
             self.model.observe(coll, nbytes, ms)
+        if kind == "drift":  # after the probe's samples: see the docstring
+            for coll, nbytes, ms in recent:
+                self.model.observe(coll, nbytes, ms)
         self.last_probe_step = step
         self.probe_ms_total += spent_ms
         if kind == "refresh":

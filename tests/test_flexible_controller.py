@@ -627,3 +627,31 @@ def test_a_probe_abandons_the_span_under_way():
     assert ctrl.step_cr(7, 0.01) == (0.01, None)  # the span after drift waits to settle
     roles = [ctrl.step_cr(s, 0.01)[1] for s in range(8, 40)]
     assert "span" in roles
+
+
+def test_after_a_drift_probe_the_far_end_leaves_the_window_before_the_size_in_use():
+    """A drift probe at CR 0.1 times the far end (c_low); the CR then moves to 0.015 and stays.
+    On a link where small messages are latency-bound (flat up to 100 kB), a line through c_low
+    and 0.015 alone is a flat chord; the probe's samples go into the fits before the recent
+    steps at 0.1, so they leave the window first and the slope measured over the whole range
+    (0.001 to 0.1) stays: the allgather at 0.1 is still predicted near what it costs."""
+    ctrl = _span_ctrl(span_steps=2, span_every=10_000)
+
+    def ag_ms(nbytes):  # latency-bound below 100 kB, then 3e-4 ms per byte
+        return 100.0 + 3e-4 * max(0.0, nbytes - 100_000)
+
+    ag_bytes = {c: ctrl.payload_bytes(round(c * NUMEL))["allgather"] for c in (0.1, 0.015)}
+    for _ in range(3):  # the network changed: the allgather in use at CR 0.1 costs 310 ms
+        ctrl.observe_step(_ag_control(ag_ms(ag_bytes[0.1])), 0.1)
+    assert ctrl.drift_probe_due
+    plan, repeats, what = ctrl.probe_plan(3, 0.1)
+    assert plan[0] == ("allgather", ctrl.payload_bytes(round(0.001 * NUMEL))["allgather"])
+    ctrl.after_probe(3, [(kind, nbytes, ag_ms(nbytes) if kind == "allgather" else 1e3)
+                         for kind, nbytes in plan for _ in range(repeats)], what, spent_ms=1.0)
+    assert ctrl.decide(3, 0.1) == "allgather"
+    true_01 = ag_ms(ag_bytes[0.1])
+    assert ctrl.predict(0.1)["allgather"] == pytest.approx(true_01)
+    for _ in range(2 * ctrl.model.window):  # the CR in use is now 0.015, on the allgather
+        ctrl.observe_step(_ag_control(ag_ms(ag_bytes[0.015])), 0.015)
+        assert ctrl.predict(0.1)["allgather"] > 0.85 * true_01  # a flat chord: about 140 ms
+    assert not ctrl.probe_due  # the steps at 0.015 matched their predictions
