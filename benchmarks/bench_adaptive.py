@@ -368,17 +368,28 @@ def summarize_all(records: list[dict[str, Any]], target: float,
 
 
 def cr_change_after_network_change(changes: Optional[list], change: Optional[dict[str, Any]],
-                                   step_ms: list[float]) -> Optional[dict[str, Any]]:
-    """Adaptive's first CR change after the network change: ``{"step", "cr", "steps", "s"}``:
-    the step the new CR took effect at, the CR, how many steps ran between the change and it
-    (at the old CR), and their training time (s). ``changes``: ``[(step, cr), ...]`` (the step
-    that first ran the CR); ``change``: the record's ``network_change`` (its ``step``: steps run
-    before the change); ``step_ms``: each step's ms, step 0 first. None without an applied
-    change or a CR change after it."""
+                                   step_ms: list[float],
+                                   solves: Optional[list] = None) -> Optional[dict[str, Any]]:
+    """Adaptive's first CR change solved after the network change: ``{"step", "cr", "steps",
+    "s"}``: the step the new CR took effect at, the CR, how many steps ran between the change
+    and it, and their training time (s). ``changes``: ``[(step, cr), ...]`` (the step that
+    first ran the CR, the CR rounded); ``change``: the record's ``network_change`` (its
+    ``step``: steps run before the change); ``step_ms``: each step's ms, step 0 first;
+    ``solves``: the solve records (``step`` submitted, ``cr`` solved): a change counts only if
+    its CR is one solved at or after the change's step (a solve from before the change can take
+    effect after it). Without ``solves``, the first change at or after the change's step. None
+    without an applied change or such a CR change."""
     if not change or not change.get("network") or not changes:
         return None
     at = int(change["step"])
-    step, cr = next(((int(s), float(c)) for s, c in changes if int(s) >= at), (None, None))
+    later = None if solves is None else [float(sv["cr"]) for sv in solves
+                                         if sv.get("cr") is not None and int(sv["step"]) >= at]
+
+    def solved_after(cr: float) -> bool:
+        return later is None or any(math.isclose(cr, c, rel_tol=1e-3) for c in later)
+
+    step, cr = next(((int(s), float(c)) for s, c in changes
+                     if int(s) >= at and solved_after(float(c))), (None, None))
     if step is None:
         return None
     return {"step": step, "cr": cr, "steps": step - at,
@@ -432,7 +443,8 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         row["cr_mean_after_warmup"] = _mean(after)
         row["cr_changes"] = rec.get("adaptive", {}).get("changes")
         row["cr_after_change"] = cr_change_after_network_change(
-            row["cr_changes"], rec.get("network_change"), ps["ms"])
+            row["cr_changes"], rec.get("network_change"), ps["ms"],
+            rec.get("adaptive", {}).get("solves"))
         row["announcements"] = rec.get("adaptive", {}).get("announcements")
         row["kept"] = rec.get("adaptive", {}).get("kept")
     return row
@@ -616,7 +628,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['train_s']:.1f} | {r['mean_step_ms']:.0f} | {r['median_step_ms']:.0f} | {comm} | "
             f"{_fmt_probes(r)} | {coll} |")
     lines += network_change_line(rows, s)
-    lines += [f"{r['name']}'s first CR change after it: {_fmt_after_change(r['cr_after_change'])}."
+    lines += [f"{r['name']}'s first CR change solved after it: "
+              f"{_fmt_after_change(r['cr_after_change'])}."
               for r in rows if r["kind"] == "adaptive" and r.get("network_change")]
     lines += stall_lines(rows)
     for ada in (r for r in rows if r["kind"] == "adaptive"):
@@ -992,7 +1005,7 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
         lines += _paired_lines(a.get("paired") or {})
         ada = next(m for m in summary["methods"] if m["name"] == name)
         if s.get("network_change"):
-            lines.append("- first CR change after the network change: " + "; ".join(
+            lines.append("- first CR change solved after the network change: " + "; ".join(
                 f"seed {seed}: {_fmt_after_change(after)}"
                 for seed, after in zip(seeds, ada.get("cr_after_change") or [None] * len(seeds))))
     return "\n".join(lines) + "\n"

@@ -304,6 +304,11 @@ def test_first_cr_change_after_the_network_change_counts_steps_and_training_time
     assert cr_change_after_network_change([[9, 0.02]], None, step_ms) is None
     assert cr_change_after_network_change(None, change, step_ms) is None
     assert _fmt_after_change(None) == "none"
+    # with the solve records: a CR solved before the change that took effect after it is skipped
+    solves = [{"step": 5, "cr": 0.0200004}, {"step": 7, "cr": 0.04}, {"step": 8, "cr": None}]
+    late = cr_change_after_network_change([[7, 0.02], [10, 0.04]], change, step_ms, solves)
+    assert (late["step"], late["cr"], late["steps"]) == (10, 0.04, 4)
+    assert cr_change_after_network_change([[7, 0.02]], change, step_ms, solves) is None
 
 
 def test_network_hand_shake_files_request_answer_and_time_out(tmp_path):
