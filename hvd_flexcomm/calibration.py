@@ -46,10 +46,9 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
    set the slope through a short chord in the latency-bound region: on a static 100 Mbit/s,
    5 ms link the allgather's line then predicted 170-230 ms at CR 0.1, where its steps took
    about 330 ms, and the CR went to 0.1 for 50 steps. A network change unpins the slope
-   (:meth:`LinearCostFit.unpin_slope`, after a drift probe), so that the sizes the drift probe
-   and the recent steps measured (4x or more apart under Adaptive's span steps) can replace it;
-   so do two spans in a row that find the model off on the same side
-   (``flexible.FlexibleController._close_span``).
+   (:meth:`LinearCostFit.unpin_slope`, after a drift probe), so that the spans that follow
+   (4x or more from the CR in use) can replace it; so do two routine spans in a row that find
+   the model off on the same side (``flexible.FlexibleController._close_span``).
 
 Refits happen on every :meth:`LinearCostFit.add` (at most ``window`` points: tens of microseconds).
 """

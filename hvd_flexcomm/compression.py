@@ -313,17 +313,14 @@ class Adaptive(Flexible):
       than ``drift_threshold`` counts as a recalibration and triggers a re-optimisation. A span
       whose predicted extra time (over steps at the CR in use) would take refreshes and spans
       together past ``probe_budget`` of the measured communication waits. The error feedback
-      keeps what a span step at ``c_low`` does not send. With span steps, drift runs a drift
-      probe instead of a full probe over every candidate's size (13.2 s at 25 ms one way in one
-      run): the path not in use at the k in use, and every collective kind at the far end of
-      the candidates (usually ``c_low``: small messages, cheap to time); the path in use is
-      re-anchored on the recent steps at the k in use. Every line then rests on two sizes of
-      the new network, the model counts a recalibration, and a re-solve follows at once (at
-      least ``adaptive.RECALIBRATED_MIN_INTERVAL`` steps after the last one). Until 2026-12-05
-      the slopes came from two spans after drift instead (a settle wait of 10 steps, then one
-      span on each sparse path): 25-37 steps from a change to a new CR in the reverse change of
-      ``docs/performance/adaptive_ten_seeds.md``. ``span_steps=0`` turns span steps off (drift
-      then runs a full probe).
+      keeps what a span step at ``c_low`` does not send. With span steps, drift runs Flexible's
+      drift probe (the path not in use at the k in use; the path in use re-anchored on its
+      recent steps) instead of a full probe over every candidate's size (13.2 s at 25 ms one
+      way in one run), and a span follows 10 steps later (``flexible.SPAN_SETTLE_STEPS``), then
+      one on the other sparse path (the drift probe timed it at the k in use only, so its slope
+      was the old network's); these two spans run outside the budget and each recalibrates
+      whatever it measures (a re-solve after each, 10 steps apart at least).
+      ``span_steps=0`` turns span steps off (drift then runs a full probe).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12, and a Horovod op costs several round trips before any data moves (the
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs

@@ -44,6 +44,11 @@ _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
 #: would not pin the slope (calibration.MIN_SLOPE_SPAN is 2).
 SPAN_MIN_RATIO = 4.0
 
+#: Under span steps, a drift probe is followed by a span this many steps later (the TCP flows
+#: meet the new link for a few steps; the fixed-CR runs of docs/performance/adaptive_regimes.md
+#: were steady from about 10 steps after a change on).
+SPAN_SETTLE_STEPS = 10
+
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
@@ -124,8 +129,20 @@ class FlexibleController:
         #: (or recalibrated it), and the count of such single off spans
         self.span_off_side: Optional[str] = None
         self.n_span_offs = 0
-        #: drift probes under span steps (each re-slopes every line: a recalibration)
-        self.n_drift_recalibrations = 0
+        #: after a drift probe (Adaptive with spans): the step from which a span is due at once,
+        #: and whether the span under way is that one (it counts as a recalibration whatever it
+        #: measures: the first look at the slopes of the new network)
+        self.span_soon_step: Optional[int] = None
+        self.span_after_drift = False
+        #: after a drift probe, both sparse paths get a span: the first on the path in use,
+        #: then one on the other path (``span_second_path``, forced for its steps). The drift
+        #: probe times the path not in use at the k in use only, so without it that path kept
+        #: the old network's slope (see :meth:`_close_span`).
+        self.span_other_due = False
+        self.span_second_path: Optional[str] = None
+        #: bytes per kind that the last drift probe timed or re-anchored on the recent steps
+        #: (the sizes of the k in use then): the spans after it keep these samples too
+        self.drift_anchor_bytes: dict[str, int] = {}
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -149,18 +166,14 @@ class FlexibleController:
     def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, str]:
         """``(plan, repeats, kind)`` of the probes due before ``step``, or an empty plan.
 
-        ``"full"`` (start-up; after drift when there are candidate CRs but no span steps): two
-        sizes per collective kind, the ends of the span ``k/8 .. k`` (or of the k of every CR in
-        ``probe_crs``), ``probe_repeats`` timings each. ``"drift"`` (after drift under Flexible,
-        whose CR is fixed): the kinds of the path not in use, at the current ``k`` only,
-        ``probe_repeats`` timings each; the path in use is re-anchored on the step timings that
-        fired the drift detector. A line through the one size in use predicts that size exactly
-        whatever the slope, and it is the only size a fixed CR sends: 4 timed ops (allgather in
-        use) or 2 (allreduce in use) instead of a full probe's 12, at the default
-        ``probe_repeats=2``. Under span steps (Adaptive) a drift probe also times every kind at
-        one far end of the candidates (:meth:`far_end_cr`), so that each line gets the new
-        network's slope from two sizes at once: the k in use (the recent steps, or the probe
-        for the path not in use) and the far end.
+        ``"full"`` (start-up; after drift when there are candidate CRs): two sizes per collective
+        kind, the ends of the span ``k/8 .. k`` (or of the k of every CR in ``probe_crs``),
+        ``probe_repeats`` timings each. ``"drift"`` (after drift under Flexible, whose CR is
+        fixed): the kinds of the path not in use, at the current ``k`` only, ``probe_repeats``
+        timings each; the path in use is re-anchored on the step timings that fired the drift
+        detector. A line through the one size in use predicts that size exactly whatever the
+        slope, and it is the only size a fixed CR sends: 4 timed ops (allgather in use) or 2
+        (allreduce in use) instead of a full probe's 12, at the default ``probe_repeats=2``.
         ``"refresh"``: the kinds of the path not in use, once each at the current
         ``k`` (no warm-up op), when ``reprobe_interval`` steps have passed since the last probe
         **and** the refreshes' total time, this one's prediction included, stays within
@@ -180,13 +193,7 @@ class FlexibleController:
                 plan.append(("allgather", 8))
             return plan, self.mode.probe_repeats, "full"
         if self.drift_probe_due:
-            plan = []
-            far = self.far_end_cr(cr) if self.spans_on else None
-            if far is not None:  # first: see after_probe
-                far_bytes = self.payload_bytes(k_for(far, self.numel))
-                plan += [(kind, far_bytes[kind]) for kind in ("allgather", "broadcast",
-                                                               "allreduce")]
-            plan += self._unused_path_plan(k)
+            plan = self._unused_path_plan(k)
             if self.mode.selector == "var" and self.path == "allgather":
                 plan.append(("allgather", 8))  # VAR's norm allgather rides on the AG fit
             return plan, self.mode.probe_repeats, "drift"
@@ -216,23 +223,6 @@ class FlexibleController:
         kinds = ["broadcast", "allreduce"] if self.path == "allgather" else ["allgather"]
         return [(kind, self.payload_bytes(k)[kind]) for kind in kinds]
 
-    def far_ends(self, cr: float) -> list[tuple[int, float]]:
-        """``[(k, end), ...]``: the ends of ``probe_crs`` whose k lies :data:`SPAN_MIN_RATIO`
-        times or more from the k of ``cr`` (a narrower base would not pin a slope), low end
-        first; what spans and drift probes under span steps choose from."""
-        k = k_for(cr, self.numel)
-        ends = [(k_for(end, self.numel), end) for end in (min(self.probe_crs),
-                                                          max(self.probe_crs))]
-        return [(k_end, end) for k_end, end in ends
-                if max(k_end, k) >= SPAN_MIN_RATIO * min(k_end, k)]
-
-    def far_end_cr(self, cr: float) -> Optional[float]:
-        """The end of ``probe_crs`` that a drift probe under span steps times besides the CR in
-        use ``cr``: of the :meth:`far_ends`, the one with the smaller k (a probe costs its whole
-        time, and the small end costs least); None when neither end is that far."""
-        ends = self.far_ends(cr)
-        return min(ends)[1] if ends else None
-
     def probe_warm_up(self, kind: str) -> tuple[bool, Optional[set]]:
         """``(warm_up, warmed)`` for :func:`~hvd_flexcomm.probing.run_probes` of a ``kind`` probe
         (see :meth:`probe_plan`). The start-up probe and drift probes warm up each name on its
@@ -256,17 +246,8 @@ class FlexibleController:
         """Feed probe results (identical on every rank) of a ``kind`` probe (see
         :meth:`probe_plan`). A full probe starts the probed fits afresh; a drift probe and a
         refresh keep every slope and forget the levels of the fits they re-anchor (a drift
-        probe: every fit, the path in use on the recent step timings). A drift probe also
-        unpins every slope, so that two sizes of the new network replace it: under span steps
-        the probe timed each kind at the far end of the candidates as well, so every line is
-        the new network's and the model counts one recalibration (:attr:`model_version`).
-        The fits take a drift probe's samples in plan order (the far end first) and the recent
-        steps' after them, so the samples at the size in use are the last to leave a fit's
-        window: steps at a new CR between the two would otherwise form a chord with the far end
-        alone (0.001 to 0.015, 15x: wide enough to re-learn the slope, and latency-bound, so
-        flat), which on a 100 Mbit/s, 5 ms link once predicted 182 ms at CR 0.1 where steps
-        took 330 ms, and the CR went to 0.1 until drift was detected again.
-        ``spent_ms``: this rank's wall time in the probes (reported, not used in decisions)."""
+        probe: every fit, the path in use on the recent step timings). ``spent_ms``: this
+        rank's wall time in the probes (reported, not used in decisions)."""
         if kind not in ("full", "drift", "refresh"):
             raise ValueError(f"probe kind must be 'full', 'drift' or 'refresh', got {kind!r}")
         probed = {coll for coll, _, _ in results}
@@ -282,11 +263,11 @@ class FlexibleController:
                 self.model.fits[coll].reset_level()
             for fit in self.model.fits.values():  # the new network's slopes may replace them
                 fit.unpin_slope()
-        for coll, nbytes, ms in results:
-            self.model.observe(coll, nbytes, ms)
-        if kind == "drift":  # after the probe's samples: see the docstring
             for coll, nbytes, ms in recent:
                 self.model.observe(coll, nbytes, ms)
+            self.drift_anchor_bytes = {coll: int(nbytes) for coll, nbytes, _ in recent + results}
+        for coll, nbytes, ms in results:
+            self.model.observe(coll, nbytes, ms)
         self.last_probe_step = step
         self.probe_ms_total += spent_ms
         if kind == "refresh":
@@ -298,8 +279,12 @@ class FlexibleController:
             self.n_full_probes += 1
         else:
             self.n_drift_probes += 1
-            if self.spans_on:
-                self.n_drift_recalibrations += 1
+        # after drift under span steps, the slopes of the new network come from two spans once
+        # the link settled; a full probe measured them itself
+        self.span_soon_step = (step + SPAN_SETTLE_STEPS if kind == "drift" and self.spans_on
+                               else None)
+        self.span_other_due = kind == "drift" and self.spans_on
+        self.span_second_path = None
         self.drift_probe_due = False
         self.recent_steps.clear()
         self.drift.reset()
@@ -324,10 +309,11 @@ class FlexibleController:
 
     @property
     def model_version(self) -> int:
-        """Counts the recalibrations of the model that Adaptive re-optimises on: full probes,
-        drift probes under span steps (two sizes per kind: every slope is the new network's)
-        and spans that moved it."""
-        return self.n_full_probes + self.n_drift_recalibrations + self.n_span_moves
+        """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
+        spans that moved it (a drift probe under spans is followed by two spans, one per sparse
+        path, and each counts: Adaptive re-solves after the first, and again at least
+        ``adaptive.RECALIBRATED_MIN_INTERVAL`` steps later with both new slopes)."""
+        return self.n_full_probes + self.n_span_moves
 
     # -- span steps (Adaptive) -------------------------------------------------------------------
     def step_cr(self, step: int, cr: float) -> tuple[float, Optional[str]]:
@@ -344,9 +330,18 @@ class FlexibleController:
         path is sparse; its CR is the end of ``probe_crs`` at least :data:`SPAN_MIN_RATIO`
         times away from ``cr`` (in k) with the lower predicted extra time on the span's path
         (zero when it is cheaper than ``cr`` on the path in use), and it runs only within the
-        budget (:meth:`_within_budget`). Pure function of shared state: every rank returns the
-        same. The span runs on the path in use (:meth:`step_path`); :attr:`path` stays the
-        route."""
+        budget (:meth:`_within_budget`), except the two spans after a drift probe, which are
+        part of that recalibration (like the drift probe, unbudgeted: without them the model
+        holds the old network's slopes). Pure function of shared state: every rank returns the
+        same.
+
+        The span's path is the path in use, except for the second of the two spans after a drift
+        probe, which runs on the other sparse path (``span_second_path``): the drift probe
+        timed that path at the k in use only, and its slope was the old network's. (In a run
+        from unlimited, 25 ms to 100 Mbit/s, 5 ms one way, the route moved to AR-Topk after the
+        drift probe, the spans re-measured AR-Topk only, and the allgather kept the 25 ms link's
+        flat slope: the solver saw 313 ms at CR 0.1 and 212 ms at 0.001, where AG-Topk at 0.01
+        took 106 ms.) A span step runs on :meth:`step_path`; :attr:`path` stays the route."""
         if self.span_left > 0:
             self.span_left -= 1
             self.n_span_steps += 1
@@ -357,35 +352,44 @@ class FlexibleController:
         n = int(self.mode.span_steps)
         since = step - max(self.last_probe_step, self.dense_until_step,
                            -1 if self.last_span_step is None else self.last_span_step)
-        if since < self.mode.span_every:
+        soon = self.span_soon_step is not None and step >= self.span_soon_step
+        if since < self.mode.span_every and not soon:
             return cr, None
-        path = self.path
-        now_ms = self.predict(cr)[path]
+        k = k_for(cr, self.numel)
+        path = self.span_second_path or self.path
+        now_ms = self.predict(cr)[self.path]
         options = []
-        for k_end, end in self.far_ends(cr):
+        for end in (min(self.probe_crs), max(self.probe_crs)):
+            k_end = k_for(end, self.numel)
+            if max(k_end, k) < SPAN_MIN_RATIO * min(k_end, k):
+                continue
             end_ms = self.predict(end)[path]
             options.append((n * max(0.0, end_ms - now_ms), end, end_ms, k_end))
         if not options:
             return cr, None
         extra_ms, end, end_ms, k_end = min(options)
-        if not self._within_budget(extra_ms):
+        if not soon and not self._within_budget(extra_ms):  # after drift: as the drift probe
             return cr, None
         self.span_ms_total += extra_ms
+        self.span_after_drift = soon
+        if soon:
+            self.span_soon_step = None
         self.span_cr, self.span_left, self.last_span_step = end, n - 1, step
-        self.span_base_cr, self.span_path = cr, path
+        self.span_base_cr, self.span_path, self.span_second_path = cr, path, None
         self.span_observed, self.span_samples = 0, []
         self.span_before_ms = self._span_ends_ms(path)
         self.n_span_steps += 1
         cold = (path, k_end) not in self.spanned_ks
         self.spanned_ks.add((path, k_end))
-        log.info("hvd_flexcomm: step %d: span of %d step(s) at cr %g on the %s (cr in use %g; "
-                 "predicted %.1f ms against %.1f ms)", step, n, end, path, cr, end_ms, now_ms)
+        log.info("hvd_flexcomm: step %d: span of %d step(s) at cr %g on the %s%s (cr in use %g; "
+                 "predicted %.1f ms against %.1f ms)", step, n, end, path,
+                 "" if path == self.path else f", not the {self.path} in use,", cr, end_ms, now_ms)
         return end, ("cold" if cold else "span")
 
     def step_path(self, role: Optional[str]) -> Optional[str]:
         """The path of a step whose span role (from :meth:`step_cr`) is ``role``: the span's path
-        at span steps (the route when the span started: a span measures one path even if the
-        route moves under it), else the path in use (:attr:`path`)."""
+        at span steps (the other sparse path for the second span after a drift probe), else the
+        path in use (:attr:`path`)."""
         return self.span_path if role is not None and self.span_path else self.path
 
     # -- steps -----------------------------------------------------------------------------------
@@ -509,17 +513,25 @@ class FlexibleController:
           100 Mbit/s, 5 ms link one span measured 115 and 99 ms where about 79 ms was
           predicted (the 6 spans after it confirmed), and the refitted line was flat, 112-114 ms at
           every candidate from 0.001 to 0.1 (about 330 ms measured at 0.1);
-        - **off twice** (the next span off on the same side too): the span's kinds drop their
-          samples at every size but the one in use
+        - **off twice** (the next routine span off on the same side too), or the spans that
+          follow a drift probe (one on each sparse path, the path in use first; they also keep
+          the samples at the sizes the drift probe measured, :attr:`drift_anchor_bytes`): the
+          span's kinds drop their samples at
+          every size but the one in use
           (:meth:`~hvd_flexcomm.calibration.LinearCostFit.keep_sizes`) and take the span's
           timings (the slope learned over a wider base is unpinned first,
           :meth:`~hvd_flexcomm.calibration.LinearCostFit.unpin_slope`): the path's line rests
-          on real steps, the CR in use and the span's end. If that moved the prediction at
-          either end of the candidates by more than ``drift_threshold``, the model counts one
-          change (:attr:`model_version`) and Adaptive re-optimises."""
+          on real steps, the CR in use and the span's end. If
+          that moved the prediction at either end of the candidates by more than
+          ``drift_threshold`` (or the span follows drift), the model counts one change
+          (:attr:`model_version`) and Adaptive re-optimises."""
         before, timed = self.span_before_ms, self.span_samples
-        cr, path = self.span_cr, self.span_path
+        after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
         self._end_span()
+        if after_drift and self.span_other_due:  # the other sparse path's span, at once
+            self.span_other_due = False
+            self.span_second_path = "allreduce" if path == "allgather" else "allgather"
+            self.span_soon_step = 0
         if not timed:  # its steps ran on another path, or only its cold step was timed
             return
         expected = before[cr]  # a span's CR is an end of the candidates
@@ -528,14 +540,14 @@ class FlexibleController:
         side = ("high" if all(m > (1.0 + thr) * expected for m in measured) else
                 "low" if all(m < (1.0 - thr) * expected for m in measured) else None)
         shown = ", ".join(f"{m:.1f}" for m in measured)
-        if side is None:
+        if side is None and not after_drift:
             self.n_span_confirms += 1
             self.span_off_side = None
             log.info("hvd_flexcomm: the span at cr %g confirmed the model: measured %s ms on the "
                      "%s, predicted %.1f ms (within %.0f%% or on both sides)", cr, shown, path,
                      expected, 100 * thr)
             return
-        if self.span_off_side != side:
+        if not after_drift and self.span_off_side != side:
             self.span_off_side = side
             self.n_span_offs += 1
             log.info("hvd_flexcomm: the span at cr %g measured %s ms on the %s, predicted %.1f ms "
@@ -548,6 +560,8 @@ class FlexibleController:
         for kind, _, _ in timed[0]:
             if not (kind == "allgather" and path == "allreduce"):  # VAR's norm allgather
                 keep = {in_use[kind]}
+                if after_drift and kind in self.drift_anchor_bytes:  # the drift probe's size
+                    keep.add(self.drift_anchor_bytes[kind])
                 # the span's base (4x or more) may be narrower than the probe's, whose slope is
                 # pinned against narrower bases; two spans off on one side outweigh it
                 self.model.fits[kind].unpin_slope()
@@ -558,11 +572,12 @@ class FlexibleController:
         after = self._span_ends_ms(path)
         moved = {c: abs(after[c] - ms) / max(ms, 1e-9) for c, ms in before.items()}
         end = max(moved, key=moved.get)
-        if moved[end] > thr:
+        if moved[end] > thr or after_drift:
             self.n_span_moves += 1
             log.info("hvd_flexcomm: the span at cr %g (measured %s ms on the %s, predicted %.1f "
-                     "ms) moved the predicted time at cr %g %.1f -> %.1f ms (%.0f%%): model "
-                     "recalibrated", cr, shown, path, expected, end, before[end], after[end],
+                     "ms)%s moved the predicted time at cr %g %.1f -> %.1f ms (%.0f%%): model "
+                     "recalibrated", cr, shown, path, expected,
+                     " after drift" if after_drift else "", end, before[end], after[end],
                      100 * moved[end])
 
     def _end_span(self) -> None:
@@ -571,6 +586,7 @@ class FlexibleController:
         self.span_samples = []
         self.span_observed = 0
         self.span_before_ms = None
+        self.span_after_drift = False
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -584,7 +600,18 @@ class FlexibleController:
                 "n_span_steps": self.n_span_steps,
                 "n_span_moves": self.n_span_moves, "n_span_confirms": self.n_span_confirms,
                 "n_span_offs": self.n_span_offs, "span_off_side": self.span_off_side,
-                "n_drift_recalibrations": self.n_drift_recalibrations}
+                **self._after_drift_state()}
+
+    def _after_drift_state(self) -> dict[str, Any]:
+        """The spans after drift still due, for a checkpoint: a span under way is not resumed
+        (:meth:`load_dict`), so an open span after drift is saved as due again."""
+        soon, second = self.span_soon_step, self.span_second_path
+        if self.span_open and self.span_after_drift:
+            soon = 0
+            if not self.span_other_due:  # the second of the two
+                second = self.span_path
+        return {"span_soon_step": soon, "span_other_due": self.span_other_due,
+                "span_second_path": second, "drift_anchor_bytes": dict(self.drift_anchor_bytes)}
 
     def load_dict(self, state: dict[str, Any]) -> None:
         self.model = CollectiveCostModel.from_dict(state["model"])
@@ -607,6 +634,10 @@ class FlexibleController:
         self.n_span_confirms = int(state.get("n_span_confirms", 0))
         self.n_span_offs = int(state.get("n_span_offs", 0))
         self.span_off_side = state.get("span_off_side")
-        self.n_drift_recalibrations = int(state.get("n_drift_recalibrations", 0))
         self._end_span()  # a span under way is not resumed (its timings were this process's)
+        self.span_soon_step = state.get("span_soon_step")
+        self.span_other_due = bool(state.get("span_other_due", False))
+        self.span_second_path = state.get("span_second_path")
+        self.drift_anchor_bytes = {k: int(v) for k, v in
+                                   state.get("drift_anchor_bytes", {}).items()}
         self.full_probe_due = not self.model.is_calibrated()

@@ -401,58 +401,59 @@ def test_span_state_round_trip():
     assert other.spanned_ks == set()  # a new process negotiates the span's names again
 
 
-def test_drift_under_span_steps_times_the_far_end_of_every_kind_and_recalibrates():
-    """With span steps, Adaptive's drift runs a drift probe, not a full probe over every
-    candidate's size: the path not in use at the k in use, and every kind at the far end of the
-    candidates (c_low here, 10x below the CR in use). Every slope is unpinned and re-learned
-    from two sizes of the new network, the model counts one recalibration (Adaptive re-solves
-    at once), and no span is due until ``span_every`` steps after the probe."""
+def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates():
+    """With span steps, Adaptive's drift runs the cheap drift probe (the path not in use at the k
+    in use), not a full probe over every candidate's size; a span follows SPAN_SETTLE_STEPS
+    later, then one on the other sparse path, outside the budget (AR-Topk costs far more than
+    the allgather here), and each counts as a recalibration (Adaptive re-solves) even when they
+    find the slopes unchanged."""
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
+
     ctrl = _span_ctrl(span_steps=2, span_every=50)
     version = ctrl.model_version
-    recent_ms = 10 * ctrl.predict(0.01)["allgather"]
     for _ in range(3):  # the allgather suddenly costs 10x at the size in use
-        ctrl.observe_step(_ag_control(recent_ms), 0.01)
+        ctrl.observe_step(_ag_control(10 * ctrl.predict(0.01)["allgather"]), 0.01)
     assert ctrl.drift_probe_due and not ctrl.full_probe_due
-    assert ctrl.far_end_cr(0.01) == 0.001
-    plan, what = _probe(ctrl, 4, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-2)
-    use, far = ctrl.payload_bytes(10_000), ctrl.payload_bytes(1_000)
-    assert what == "drift" and sorted(plan) == sorted(
-        [("broadcast", use["broadcast"]), ("allreduce", use["allreduce"])]
-        + [(kind, far[kind]) for kind in ("allgather", "broadcast", "allreduce")])
-    assert ctrl.model_version == version + 1 and ctrl.n_drift_recalibrations == 1
-    assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
-    for kind in ("allgather", "broadcast", "allreduce"):  # each line: two sizes 10x apart
-        fit = ctrl.model.fits[kind]
-        assert fit.n_sizes == 2 and fit._learned_span == pytest.approx(
-            use[kind] / far[kind], rel=0.05)
-    # the allgather's line runs through the steps that fired drift and the probe at c_low
-    assert ctrl.predict(0.01)["allgather"] == pytest.approx(recent_ms)
-    assert ctrl.predict(0.001)["allgather"] == pytest.approx(1.0 + 1e-4 * far["allgather"])
+    plan, what = _probe(ctrl, 4, 0.01, ag_ms_per_byte=1e-5, ar_ms_per_byte=1e-2)
+    sizes = ctrl.payload_bytes(10_000)
+    assert what == "drift" and sorted(plan) == [("allreduce", sizes["allreduce"]),
+                                                 ("broadcast", sizes["broadcast"])]
+    assert ctrl.model_version == version  # not yet: the slopes are the old network's
+    assert all(fit._learned_span is None for fit in ctrl.model.fits.values())  # unpinned
     ctrl.decide(4, 0.01)
-    assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(5, 54))
-    assert ctrl.step_cr(54, 0.01)[1] == "cold"  # the routine spans go on
+    assert ctrl.span_soon_step == 4 + SPAN_SETTLE_STEPS
+    assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(5, 4 + SPAN_SETTLE_STEPS))
+    assert ctrl.step_cr(4 + SPAN_SETTLE_STEPS, 0.01) == (0.001, "cold")
+    assert ctrl.step_cr(5 + SPAN_SETTLE_STEPS, 0.01) == (0.001, "span")
+    ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
+    assert ctrl.model_version == version
+    ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
+    assert ctrl.model_version == version + 1
+    assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
+    assert (ctrl.span_second_path, ctrl.span_soon_step, ctrl.span_other_due) == ("allreduce", 0,
+                                                                                  False)
+    extra = 2 * (ctrl.predict(0.001)["allreduce"] - ctrl.predict(0.01)["allgather"])
+    assert extra > 0.02 * ctrl.step_comm_ms_total  # beyond the budget: it runs all the same
+    first = 6 + SPAN_SETTLE_STEPS
+    assert [ctrl.step_cr(s, 0.01) for s in (first, first + 1)] == [(0.001, "cold"),
+                                                                  (0.001, "span")]
+    assert ctrl.step_path("span") == "allreduce" and ctrl.path == "allgather"
+    assert ctrl.span_ms_total == pytest.approx(extra)
+    ar = [PATH_CODES["allreduce"], 1.0, 1.0, 0.0, 0.0]
+    ctrl.observe_step(ar, 0.001, "cold")
+    ctrl.observe_step(ar, 0.001, "span")
+    assert ctrl.model_version == version + 2 and ctrl.span_soon_step is None
+    assert ctrl.span_second_path is None and not ctrl.span_open
 
 
-def test_far_end_of_a_drift_probe_is_the_smaller_end_at_least_4x_away():
-    ctrl = _span_ctrl(span_steps=2, span_every=50)  # candidates 0.1, 0.01, 0.001
-    assert ctrl.far_end_cr(0.01) == 0.001
-    assert ctrl.far_end_cr(0.004) == 0.001  # 4x: wide enough
-    assert ctrl.far_end_cr(0.003) == 0.1  # c_low is 3x away: the other end
-    assert ctrl.far_end_cr(0.1) == 0.001
-    ctrl.probe_crs = (0.02, 0.01)
-    assert ctrl.far_end_cr(0.01) is None  # neither end is 4x away
-    ctrl.drift_probe_due = True
-    plan, _, what = ctrl.probe_plan(5, 0.01)  # the path not in use, as under Flexible
-    assert what == "drift" and {kind for kind, _ in plan} == {"broadcast", "allreduce"}
-
-
-def test_after_drift_every_line_rests_on_the_new_network():
+def test_after_drift_the_path_not_in_use_gets_a_span_of_its_own():
     """The reverse of a latency-bound link: the allgather in use was nearly flat per byte, the
-    network turns bandwidth-bound and AR-Topk cheaper. One drift probe re-slopes both paths:
-    the route moves to AR-Topk, and the allgather, no longer in use, is predicted from the new
-    network's line too (in a run from unlimited, 25 ms to 100 Mbit/s, 5 ms one way, a model
-    that re-measured AR-Topk alone kept the allgather's flat line: the solver saw 313 ms at CR
-    0.1 and 212 ms at 0.001, where AG-Topk at 0.01 took 106 ms)."""
+    network turns bandwidth-bound and AR-Topk cheaper. The drift probe times AR-Topk at the k in
+    use and the route moves to it; the span after drift re-slopes AR-Topk (the path in use), and
+    a second span, on the allgather, re-slopes the path that is no longer in use. Before that
+    second span the allgather's line is the old network's (flat through the size in use)."""
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
+
     ctrl = _span_ctrl(span_steps=2, span_every=500)
     truth_slope = {"allgather": 1e-4, "broadcast": 1e-5, "allreduce": 1e-5}
     truth_fixed = {"allgather": 5.0, "broadcast": 2.0, "allreduce": 2.0}
@@ -460,50 +461,84 @@ def test_after_drift_every_line_rests_on_the_new_network():
     def true_ms(kind, nbytes):
         return truth_fixed[kind] + truth_slope[kind] * nbytes
 
+    def control(path, cr):
+        sizes = ctrl.payload_bytes(round(cr * NUMEL))
+        if path == "allgather":
+            return _ag_control(true_ms("allgather", sizes["allgather"]))
+        return [PATH_CODES["allreduce"], true_ms("broadcast", sizes["broadcast"]),
+                true_ms("allreduce", sizes["allreduce"]), 0.0, 0.0]
+
     def true_path_ms(path, cr):
         sizes = ctrl.payload_bytes(round(cr * NUMEL))
         kinds = ("allgather",) if path == "allgather" else ("broadcast", "allreduce")
         return sum(true_ms(kind, sizes[kind]) for kind in kinds)
 
-    stale_ag = ctrl.predict(0.001)["allgather"]
-    assert stale_ag < 0.5 * true_path_ms("allgather", 0.001)  # the old network's line
     for _ in range(3):  # the allgather now costs its new, steep price at the k in use
-        ctrl.observe_step(_ag_control(true_path_ms("allgather", 0.01)), 0.01)
+        ctrl.observe_step(control("allgather", 0.01), 0.01)
     assert ctrl.drift_probe_due
     plan, repeats, what = ctrl.probe_plan(1, 0.01)
-    version = ctrl.model_version
+    assert what == "drift" and {kind for kind, _ in plan} == {"broadcast", "allreduce"}
     ctrl.after_probe(1, [(kind, nbytes, true_ms(kind, nbytes)) for kind, nbytes in plan
                          for _ in range(repeats)], what, spent_ms=1.0)
-    assert ctrl.model_version == version + 1
     assert ctrl.decide(1, 0.01) == "allreduce"
-    for c in (0.1, 0.01, 0.004, 0.001):  # both lines are the new network's, at once
+    stale_ag = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.001)}
+    assert stale_ag[0.001] > 2 * true_path_ms("allgather", 0.001)  # the old, flat slope
+    version, step, paths = ctrl.model_version, 2, []
+    while ctrl.n_span_moves < 2 and step < 2000:
+        cr, role = ctrl.step_cr(step, 0.01)
+        path = ctrl.step_path(role)
+        paths.append((step, cr, path, role))
+        ctrl.observe_step(control(path, cr), cr, role)
+        ctrl.decide(step + 1, 0.01)
+        step += 1
+    spans = [(s, cr, path, role) for s, cr, path, role in paths if role is not None]
+    assert [(cr, path, role) for _, cr, path, role in spans] == [
+        (0.001, "allreduce", "cold"), (0.001, "allreduce", "span"),
+        (0.001, "allgather", "cold"), (0.001, "allgather", "span")]
+    assert spans[0][0] == 1 + SPAN_SETTLE_STEPS
+    assert spans[2][0] == spans[1][0] + 1  # at once after the first span is judged
+    assert ctrl.path == "allreduce"  # the route: span steps do not move it
+    assert all(path == "allreduce" for _, _, path, role in paths if role is None)
+    assert ctrl.model_version == version + 2 and ctrl.span_second_path is None
+    for c in (0.1, 0.01, 0.001):  # both lines now rest on the new network's steps
         for path in ("allgather", "allreduce"):
             assert ctrl.predict(c)[path] == pytest.approx(true_path_ms(path, c), rel=1e-6)
 
 
-def test_a_checkpoint_keeps_the_drift_recalibrations_and_reads_older_ones():
-    """The count of drift recalibrations (part of the model version Adaptive re-solves on) is
-    saved; a checkpoint from before drift probes timed the far end (it held the spans after
-    drift still due) loads, and those spans are not run: the model it saved is kept as it was
-    until the next drift or span."""
+def test_a_checkpoint_keeps_the_spans_after_drift_that_are_due():
+    """A span under way is not resumed from a checkpoint, so one after drift is saved as due
+    again: the first of the two (the path in use, then the other), or the second (its path);
+    the drift probe's sizes, which those spans keep, are saved too. A full probe cancels them
+    (it measured every slope)."""
     ctrl = _span_ctrl(span_steps=2, span_every=500)
     ctrl.drift_probe_due = True
     _probe(ctrl, 1, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
     ctrl.decide(1, 0.01)
-    state = ctrl.to_dict()
+    assert set(ctrl.drift_anchor_bytes) == {"broadcast", "allreduce"}
+    start = ctrl.span_soon_step
+    assert ctrl.step_cr(start, 0.01)[1] == "cold" and ctrl.span_open
+    for state in (ctrl.to_dict(), ctrl.to_dict()):  # saving changes nothing
+        resumed = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
+        resumed.load_dict(state)
+        assert (resumed.span_soon_step, resumed.span_other_due, resumed.span_second_path) == (
+            0, True, None)
+        assert resumed.drift_anchor_bytes == ctrl.drift_anchor_bytes
+    assert ctrl.span_open and ctrl.span_soon_step is None
+    ctrl.step_cr(start + 1, 0.01)
+    ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
+    ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")
+    assert ctrl.step_cr(start + 2, 0.01)[1] == "cold" and ctrl.step_path("cold") == "allreduce"
     resumed = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
     resumed.probe_crs = ctrl.probe_crs  # as the optimizer sets them from the candidates
-    resumed.load_dict(state)
-    assert resumed.n_drift_recalibrations == 1 and resumed.model_version == ctrl.model_version
-    assert resumed.predict(0.001) == ctrl.predict(0.001)
-    older = {k: v for k, v in state.items() if k != "n_drift_recalibrations"}
-    older.update(span_soon_step=0, span_other_due=True, span_second_path="allreduce",
-                 drift_anchor_bytes={"allreduce": 80})
-    old = FlexibleController(ctrl.mode, world_size=2, numel=NUMEL)
-    old.probe_crs = ctrl.probe_crs
-    old.load_dict(older)
-    assert old.n_drift_recalibrations == 0 and old.predict(0.01) == ctrl.predict(0.01)
-    assert old.step_cr(2, 0.01) == (0.01, None) and old.step_path(None) == "allgather"
+    resumed.load_dict(ctrl.to_dict())
+    assert (resumed.span_soon_step, resumed.span_other_due, resumed.span_second_path) == (
+        0, False, "allreduce")
+    assert resumed.step_cr(start + 2, 0.01) == (0.001, "cold")
+    assert resumed.step_path("cold") == "allreduce"
+    resumed.full_probe_due = True
+    _probe(resumed, start + 3, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    assert (resumed.span_soon_step, resumed.span_other_due, resumed.span_second_path) == (
+        None, False, None)
 
 
 def _run_span(ctrl, start, measured_ms):
@@ -627,31 +662,3 @@ def test_a_probe_abandons_the_span_under_way():
     assert ctrl.step_cr(7, 0.01) == (0.01, None)  # the span after drift waits to settle
     roles = [ctrl.step_cr(s, 0.01)[1] for s in range(8, 40)]
     assert "span" in roles
-
-
-def test_after_a_drift_probe_the_far_end_leaves_the_window_before_the_size_in_use():
-    """A drift probe at CR 0.1 times the far end (c_low); the CR then moves to 0.015 and stays.
-    On a link where small messages are latency-bound (flat up to 100 kB), a line through c_low
-    and 0.015 alone is a flat chord; the probe's samples go into the fits before the recent
-    steps at 0.1, so they leave the window first and the slope measured over the whole range
-    (0.001 to 0.1) stays: the allgather at 0.1 is still predicted near what it costs."""
-    ctrl = _span_ctrl(span_steps=2, span_every=10_000)
-
-    def ag_ms(nbytes):  # latency-bound below 100 kB, then 3e-4 ms per byte
-        return 100.0 + 3e-4 * max(0.0, nbytes - 100_000)
-
-    ag_bytes = {c: ctrl.payload_bytes(round(c * NUMEL))["allgather"] for c in (0.1, 0.015)}
-    for _ in range(3):  # the network changed: the allgather in use at CR 0.1 costs 310 ms
-        ctrl.observe_step(_ag_control(ag_ms(ag_bytes[0.1])), 0.1)
-    assert ctrl.drift_probe_due
-    plan, repeats, what = ctrl.probe_plan(3, 0.1)
-    assert plan[0] == ("allgather", ctrl.payload_bytes(round(0.001 * NUMEL))["allgather"])
-    ctrl.after_probe(3, [(kind, nbytes, ag_ms(nbytes) if kind == "allgather" else 1e3)
-                         for kind, nbytes in plan for _ in range(repeats)], what, spent_ms=1.0)
-    assert ctrl.decide(3, 0.1) == "allgather"
-    true_01 = ag_ms(ag_bytes[0.1])
-    assert ctrl.predict(0.1)["allgather"] == pytest.approx(true_01)
-    for _ in range(2 * ctrl.model.window):  # the CR in use is now 0.015, on the allgather
-        ctrl.observe_step(_ag_control(ag_ms(ag_bytes[0.015])), 0.015)
-        assert ctrl.predict(0.1)["allgather"] > 0.85 * true_01  # a flat chord: about 140 ms
-    assert not ctrl.probe_due  # the steps at 0.015 matched their predictions
