@@ -393,7 +393,7 @@ def cr_change_after_network_change(changes: Optional[list], change: Optional[dic
     if step is None:
         return None
     return {"step": step, "cr": cr, "steps": step - at,
-            "s": sum(ms for ms in step_ms[at:step] if ms is not None) / 1e3}
+            "s": sum(step_ms[at:step]) / 1e3}
 
 
 def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[str, Any]:
@@ -1003,11 +1003,11 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
                   + _fmt_met(a.get("within_1pt_every_seed_last_evals"))
                   + f" (mean of the last {LAST_EVALS} evaluations, against Dense's)"]
         lines += _paired_lines(a.get("paired") or {})
-        ada = next(m for m in summary["methods"] if m["name"] == name)
         if s.get("network_change"):
+            ada = next(m for m in summary["methods"] if m["name"] == name)
             lines.append("- first CR change solved after the network change: " + "; ".join(
                 f"seed {seed}: {_fmt_after_change(after)}"
-                for seed, after in zip(seeds, ada.get("cr_after_change") or [None] * len(seeds))))
+                for seed, after in zip(seeds, ada["cr_after_change"])))
     return "\n".join(lines) + "\n"
 
 
