@@ -115,16 +115,22 @@ def _round_cr(cr: float) -> float:
 
 class AdaptiveController:
     """CR state of an :class:`Adaptive` run. ``predict_ms(cr) -> {path: ms}`` is the calibrated
-    cost model (Flexible's); ``model_version()`` counts its recalibrations (drift)."""
+    cost model (Flexible's); ``model_version()`` counts its recalibrations (drift);
+    ``recalibrating()`` (optional) is true while the model is known off and being re-measured
+    (``FlexibleController.recalibrating``): no solve starts then."""
 
     def __init__(self, mode: Adaptive, rank: int, hvd: Any, process_set: Any,
-                 predict_ms: Callable[[float], dict], model_version: Callable[[], int]) -> None:
+                 predict_ms: Callable[[float], dict], model_version: Callable[[], int],
+                 recalibrating: Optional[Callable[[], bool]] = None) -> None:
         self.mode = mode
         self.rank = rank
         self.hvd = hvd
         self.process_set = process_set
         self.predict_ms = predict_ms
         self.model_version = model_version
+        self.recalibrating = recalibrating
+        #: rank 0: the step from which solves wait for a recalibration (None: not waiting)
+        self.deferred_since: Optional[int] = None
         self.cr = mode.cr if mode.warmup_steps == 0 else 1.0
         self.tracker = GainTracker(mode.candidates, mode.gain_smoothing)
         self.workspace = TopkWorkspace()
@@ -344,6 +350,13 @@ class AdaptiveController:
         """Why a solve should start now (None: it should not)."""
         if self.tracker.smoothed is None or self._future is not None:
             return None
+        if self.recalibrating is not None and self.recalibrating():
+            if self.deferred_since is None:
+                self.deferred_since = step
+                log.info("hvd_flexcomm: step %d: no CR optimisation until the network model is "
+                         "re-measured (drift)", step)
+            return None
+        self.deferred_since = None
         step_scale = self.mode.time_scale in ("step", "tta")  # both need the time outside comm
         if self.last_submit_step is None:
             if step_scale and not self.other_samples_ms:

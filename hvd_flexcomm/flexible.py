@@ -308,6 +308,19 @@ class FlexibleController:
         return self.span_before_ms is not None
 
     @property
+    def recalibrating(self) -> bool:
+        """The model is known to be off and not re-measured yet: a probe is due, or (under span
+        steps) a drift probe ran and the span after it on the path in use is not judged yet.
+        Until then only the size in use was timed on the new network, and the line through it
+        leans on the old network's slope, or where that slope overshoots the new point, runs
+        through the origin: the prediction at the other candidates is a guess. Adaptive does
+        not solve meanwhile (a solve reads every candidate). (In a change from 0.1 ms / 100
+        Mbit/s to 10 ms one way, a second drift probe, after TCP had settled, re-anchored the
+        allgather at CR 0.1 on a slope learned while its windows grew: a solve four steps later
+        saw 3.7 ms at CR 0.001, where steps take 44-86 ms.)"""
+        return self.probe_due or self.span_other_due
+
+    @property
     def model_version(self) -> int:
         """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
         spans that moved it (a drift probe under spans is followed by two spans, one per sparse
@@ -365,7 +378,9 @@ class FlexibleController:
                 continue
             end_ms = self.predict(end)[path]
             options.append((n * max(0.0, end_ms - now_ms), end, end_ms, k_end))
-        if not options:
+        if not options:  # every end is within SPAN_MIN_RATIO of the CR in use
+            if soon:  # nothing to span after drift: the drift probe's model is what there is
+                self.span_soon_step, self.span_other_due, self.span_second_path = None, False, None
             return cr, None
         extra_ms, end, end_ms, k_end = min(options)
         if not soon and not self._within_budget(extra_ms):  # after drift: as the drift probe

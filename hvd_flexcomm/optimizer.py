@@ -206,7 +206,8 @@ class _FlexMethods(torch.optim.Optimizer):
             ctrl.dense_until_step = mode.warmup_steps  # warm-up CRs may be cheaper dense
             self._flex_adaptive = AdaptiveController(
                 mode, self.process_set.rank(), self._flex_hvd, self.process_set,
-                predict_ms=ctrl.predict, model_version=lambda: ctrl.model_version)
+                predict_ms=ctrl.predict, model_version=lambda: ctrl.model_version,
+                recalibrating=lambda: ctrl.recalibrating)
             self._flex_cr = self._flex_adaptive.cr
         for p in trainable:
             self._requires_update.add(p)

@@ -677,16 +677,18 @@ def _timed_plan(flex, step, cr, lines):
     return kind
 
 
-def _step_control(flex, cr, lines):
-    """The control entries a step on ``flex.path`` would deliver on this synthetic network."""
+def _step_control(flex, cr, lines, path=None):
+    """The control entries a step on ``path`` (default ``flex.path``) would deliver on this
+    synthetic network."""
     from hvd_flexcomm.flexible import PATH_CODES
 
+    path = path or flex.path
     sizes = flex.payload_bytes(k_for(cr, flex.numel))
-    if flex.path == "allgather":
+    if path == "allgather":
         t = (lines["allgather"][0] + lines["allgather"][1] * sizes["allgather"], 0.0)
     else:
         t = tuple(lines[k][0] + lines[k][1] * sizes[k] for k in ("broadcast", "allreduce"))
-    return [PATH_CODES[flex.path], t[0], t[1], 0.0]
+    return [PATH_CODES[path], t[0], t[1], 0.0]
 
 
 _FAST_GATHER = {"allgather": (1.0, 1e-5), "broadcast": (5.0, 1e-5), "allreduce": (5.0, 1e-5)}
@@ -744,4 +746,59 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
         assert abs(ada.cr - first_cr) > 0.1 * first_cr, (first_cr, ada.cr)
     else:
         assert ada.last_result.curves["time"] == "fit" and ada.cr == first_cr
+    ada.close()
+
+
+def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
+    """Under span steps a drift probe re-times the size in use only; until the span after it
+    (``SPAN_SETTLE_STEPS`` later) measures the new slope, a line through that one size leans on
+    the old network's slope, and where that overshoots the new point it runs through the origin.
+    A recalibrated-model solve still due from the first change's spans must wait for the second
+    change's span (``FlexibleController.recalibrating``), not read that guess. Here the allgather
+    turns steep, then flat (latency-bound): without the wait, a solve four steps after the
+    second drift probe read the old slope through the size in use (CR 0.00112), 42 ms at CR 0.1
+    where steps take 20 ms."""
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS, FlexibleController
+
+    mode = Adaptive(cr=0.01, gain_every=1, min_interval=50, min_cr_change=0, min_tta_gain=0,
+                    reprobe_interval=0, drift_patience=3, n_gen=20, pop_size=16, span_steps=2,
+                    span_every=1000)
+    flex = FlexibleController(mode, world_size=4, numel=1_000_000)
+    flex.probe_crs = tuple(mode.candidates) + (mode.c_low, mode.c_high)
+    ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
+                             model_version=lambda: flex.model_version,
+                             recalibrating=lambda: flex.recalibrating)
+    ada._broadcast = lambda obj: obj  # the channel itself is tested with real ranks
+    g = torch.randn(200_000, generator=torch.Generator().manual_seed(4)) ** 3
+    dear_ar = {"broadcast": (50.0, 1e-4), "allreduce": (50.0, 1e-4)}  # the allgather stays cheaper
+    phases = [(0, {"allgather": (1.0, 1e-5), **dear_ar}),
+              (20, {"allgather": (1.0, 1e-4), **dear_ar}),  # per byte x10
+              (40, {"allgather": (20.0, 1e-7), **dear_ar})]  # latency-bound
+    recalibrating, drift_probes = {}, []
+    for step in range(90):
+        lines = [lines for start, lines in phases if step >= start][-1]
+        if flex.probe_due:
+            if _timed_plan(flex, step, ada.cr, lines) == "drift":
+                drift_probes.append(step)
+        if step > 0:
+            ada.note_other_ms(0.0)
+        cr = ada.cr_for_step(step, ada.announce_ready())
+        flex.decide(step, cr)
+        step_cr, role = flex.step_cr(step, cr)
+        flex.observe_step(_step_control(flex, step_cr, lines, flex.step_path(role)), step_cr, role)
+        recalibrating[step] = flex.recalibrating
+        ada.observe(step, g)
+        if ada._future is not None:
+            ada._future.result(timeout=60)
+    assert flex.path == "allgather"
+    assert len(drift_probes) == 2 and 40 <= drift_probes[1] < 50, drift_probes
+    held = [s for s, on in recalibrating.items() if on]
+    assert set(range(drift_probes[1], drift_probes[1] + SPAN_SETTLE_STEPS)) <= set(held)
+    assert not recalibrating[89]
+    assert [s["step"] for s in ada.solves if recalibrating[s["step"]]] == []
+    # the first solve after the second change waited for its span, and sees the new level
+    first = next(s for s in ada.solves if s["step"] > drift_probes[1])
+    assert first["reason"] == "network model recalibrated"
+    assert first["step"] > drift_probes[1] + SPAN_SETTLE_STEPS
+    assert first["comm_ms"] == pytest.approx([20.0] * len(first["crs"]), rel=0.1)
     ada.close()

@@ -91,8 +91,12 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     """#5's "the CR changes after a simulated network change", on a real emulated network (N=2).
 
     0.1 ms one way at 100 Mbit/s, then from step 25 10 ms at an unlimited rate. The path in use
-    gets slower, so the drift detector fires, a full probe recalibrates the model, and Adaptive
-    re-solves for the recalibrated network. Gains alone hardly trigger solves here
+    gets slower, so the drift detector fires, a drift probe re-times the size in use and the
+    span after it (10 steps later) the far end of the candidates, and Adaptive re-solves for the
+    recalibrated network; no solve reads the model between the two
+    (``FlexibleController.recalibrating``). TCP settling on the new round trip can fire a second
+    drift (at 41038d2 this test failed on the solve that followed one in 2 of 5 suite runs, and
+    in 0 of 18 runs alone): its span comes at about step 60, so the run has 80 steps. Gains alone hardly trigger solves here
     (gain_threshold 0.9); the benchmark also solves from the old network's times with the new
     gains, so the network's part of the move is measured, not assumed.
 
@@ -111,7 +115,7 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
         pytest.skip(missing)
     out = tmp_path / "change"
     argv = [sys.executable, CHANGE, "--adaptive", "--n", "2", "--numel", "4000000", "--cr", "0.1",
-            "--steps", "60", "--phase", "0", "0.1", "100", "--phase", "25", "10", "inf",
+            "--steps", "80", "--phase", "0", "0.1", "100", "--phase", "25", "10", "inf",
             "--min-interval", "10", "--out", str(out), "--timeout-s", "240"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280,
                           stdin=subprocess.DEVNULL)
@@ -120,11 +124,11 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     assert (out / "change.png").stat().st_size > 0
     data = json.loads((out / "change.json").read_text())
     steps = [r for r in data["records"] if r.get("kind") == "step"]
-    assert [r["step"] for r in steps] == list(range(60))
+    assert [r["step"] for r in steps] == list(range(80))
     assert steps[0]["cr"] == 0.1  # the starting CR, until the first solve is announced
     (row,) = data["cr_changes"]
     assert row["change_step"] == 25 and row["paths_before"], report
-    # drift -> full probe -> a re-solve for the recalibrated model after the change
+    # drift -> drift probe -> span -> a re-solve for the recalibrated model after the change
     assert row["resolve_step"] is not None and row["resolve_step"] >= 25, report
     assert set(row["paths_after"]) <= set(PATHS), report
     # time_scale="tta" (the default, like "step"): both solves' step times hold the measured

@@ -413,7 +413,7 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     version = ctrl.model_version
     for _ in range(3):  # the allgather suddenly costs 10x at the size in use
         ctrl.observe_step(_ag_control(10 * ctrl.predict(0.01)["allgather"]), 0.01)
-    assert ctrl.drift_probe_due and not ctrl.full_probe_due
+    assert ctrl.drift_probe_due and not ctrl.full_probe_due and ctrl.recalibrating
     plan, what = _probe(ctrl, 4, 0.01, ag_ms_per_byte=1e-5, ar_ms_per_byte=1e-2)
     sizes = ctrl.payload_bytes(10_000)
     assert what == "drift" and sorted(plan) == [("allreduce", sizes["allreduce"]),
@@ -426,9 +426,9 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     assert ctrl.step_cr(4 + SPAN_SETTLE_STEPS, 0.01) == (0.001, "cold")
     assert ctrl.step_cr(5 + SPAN_SETTLE_STEPS, 0.01) == (0.001, "span")
     ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
-    assert ctrl.model_version == version
+    assert ctrl.model_version == version and ctrl.recalibrating  # Adaptive does not solve yet
     ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
-    assert ctrl.model_version == version + 1
+    assert ctrl.model_version == version + 1 and not ctrl.recalibrating
     assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
     assert (ctrl.span_second_path, ctrl.span_soon_step, ctrl.span_other_due) == ("allreduce", 0,
                                                                                   False)
@@ -444,6 +444,24 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     ctrl.observe_step(ar, 0.001, "span")
     assert ctrl.model_version == version + 2 and ctrl.span_soon_step is None
     assert ctrl.span_second_path is None and not ctrl.span_open
+
+
+def test_after_drift_with_no_span_in_reach_the_drift_probe_model_stands():
+    """Candidates too close to the CR in use for a span (every end within SPAN_MIN_RATIO): the
+    spans after drift cannot run, so once they fall due the model counts as re-measured
+    (``recalibrating`` clears; Adaptive would otherwise never solve again)."""
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
+
+    ctrl = _span_ctrl(span_steps=2, span_every=50)
+    ctrl.probe_crs = (0.02, 0.01, 0.005)
+    for _ in range(3):
+        ctrl.observe_step(_ag_control(10 * ctrl.predict(0.01)["allgather"]), 0.01)
+    _probe(ctrl, 4, 0.01, ag_ms_per_byte=1e-5, ar_ms_per_byte=1e-2)
+    ctrl.decide(4, 0.01)
+    assert ctrl.recalibrating and ctrl.span_other_due
+    assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(5, 5 + SPAN_SETTLE_STEPS))
+    assert not ctrl.recalibrating and ctrl.span_soon_step is None and not ctrl.span_open
+    assert ctrl.step_cr(30, 0.01) == (0.01, None)  # and no span later either
 
 
 def test_after_drift_the_path_not_in_use_gets_a_span_of_its_own():
