@@ -95,8 +95,9 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     span after it (10 steps later) the far end of the candidates, and Adaptive re-solves for the
     recalibrated network; no solve reads the model between the two
     (``FlexibleController.recalibrating``). TCP settling on the new round trip can fire a second
-    drift (at 41038d2 this test failed on the solve that followed one in 2 of 5 suite runs, and
-    in 0 of 18 runs alone): its span comes at about step 60, so the run has 80 steps. Gains alone hardly trigger solves here
+    drift near step 50 (at 41038d2 this test failed in 2 of 5 suite runs, the one whose report
+    was kept on a solve 4 steps after such a drift probe, and in 0 of 18 runs alone): its span
+    comes near step 60, so the run has 80 steps. Gains alone hardly trigger solves here
     (gain_threshold 0.9); the benchmark also solves from the old network's times with the new
     gains, so the network's part of the move is measured, not assumed.
 
