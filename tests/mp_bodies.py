@@ -435,6 +435,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
             "state_has_gains": state["gains"]["smoothed"] is not None if hvd.rank() == 0 else None,
             "compress_steps": {c: len(v) for c, v in ctrl.compress_samples_ms.items()},
             "solves_compress_ms": [s["compress_ms"] for s in ctrl.solves],
+            "solve_steps": [s["step"] for s in ctrl.solves],
             "last_result": state["last_result"]}
 
 
