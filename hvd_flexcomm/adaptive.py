@@ -129,8 +129,7 @@ class AdaptiveController:
         self.predict_ms = predict_ms
         self.model_version = model_version
         self.recalibrating = recalibrating
-        #: rank 0: the step from which solves wait for a recalibration (None: not waiting)
-        self.deferred_since: Optional[int] = None
+        self._waiting_for_model = False  # rank 0: solves wait for a recalibration (logged once)
         self.cr = mode.cr if mode.warmup_steps == 0 else 1.0
         self.tracker = GainTracker(mode.candidates, mode.gain_smoothing)
         self.workspace = TopkWorkspace()
@@ -351,12 +350,12 @@ class AdaptiveController:
         if self.tracker.smoothed is None or self._future is not None:
             return None
         if self.recalibrating is not None and self.recalibrating():
-            if self.deferred_since is None:
-                self.deferred_since = step
+            if not self._waiting_for_model:
+                self._waiting_for_model = True
                 log.info("hvd_flexcomm: step %d: no CR optimisation until the network model is "
                          "re-measured (drift)", step)
             return None
-        self.deferred_since = None
+        self._waiting_for_model = False
         step_scale = self.mode.time_scale in ("step", "tta")  # both need the time outside comm
         if self.last_submit_step is None:
             if step_scale and not self.other_samples_ms:

@@ -694,6 +694,42 @@ def _step_control(flex, cr, lines, path=None):
 _FAST_GATHER = {"allgather": (1.0, 1e-5), "broadcast": (5.0, 1e-5), "allreduce": (5.0, 1e-5)}
 
 
+def _adaptive_on_synthetic_network(mode, probe_crs):
+    """A FlexibleController and rank 0's AdaptiveController wired as the optimizer wires them,
+    without Horovod (the announcement channel is tested with real ranks)."""
+    from hvd_flexcomm.flexible import FlexibleController
+
+    flex = FlexibleController(mode, world_size=4, numel=1_000_000)
+    flex.probe_crs = probe_crs
+    ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
+                             model_version=lambda: flex.model_version,
+                             recalibrating=lambda: flex.recalibrating)
+    ada._broadcast = lambda obj: obj
+    return flex, ada
+
+
+def _run_steps(flex, ada, g, steps, lines_at):
+    """Adaptive's loop on a synthetic network (``lines_at(step)``: that step's lines, see
+    :func:`_timed_plan`): the due probe, the step's CR and span role, its timings, the gains of
+    ``g`` and any solve (waited for). Returns ``{step: (probe kind or None, flex.recalibrating
+    once the step's timings are in)}``."""
+    seen = {}
+    for step in steps:
+        lines = lines_at(step)
+        kind = _timed_plan(flex, step, ada.cr, lines) if flex.probe_due else None
+        if step > 0:
+            ada.note_other_ms(0.0)  # nothing else in the step: communication is the step
+        cr = ada.cr_for_step(step, ada.announce_ready())
+        flex.decide(step, cr)
+        step_cr, role = flex.step_cr(step, cr)
+        flex.observe_step(_step_control(flex, step_cr, lines, flex.step_path(role)), step_cr, role)
+        seen[step] = (kind, flex.recalibrating)
+        ada.observe(step, g)
+        if ada._future is not None:
+            ada._future.result(timeout=60)
+    return seen
+
+
 @pytest.mark.parametrize("after,moves", [
     # the allgather's per-byte cost x10: the cheaper path changes inside [c_low, c_high]
     ({"allgather": (1.0, 1e-4), "broadcast": (5.0, 1e-5), "allreduce": (5.0, 1e-5)}, True),
@@ -705,35 +741,15 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
     recalibrates the model and triggers the next solve. The CR moves when the cheaper path now
     changes inside [c_low, c_high] (the time line no longer fits), not when every cost scales
     (see ``test_pick_depends_on_the_shape_of_the_time_curve_not_its_scale``)."""
-    from hvd_flexcomm.flexible import FlexibleController
-
     mode = Adaptive(cr=0.1, gain_every=1, min_interval=5, min_cr_change=0, min_tta_gain=0,
                     reprobe_interval=0, drift_patience=3, n_gen=20, pop_size=16,
                     span_steps=0)  # drift: full probe
-    flex = FlexibleController(mode, world_size=4, numel=1_000_000)
-    flex.probe_crs = mode.candidates
-    ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
-                             model_version=lambda: flex.model_version)
-    ada._broadcast = lambda obj: obj  # the channel itself is tested with real ranks
+    flex, ada = _adaptive_on_synthetic_network(mode, mode.candidates)
     g = torch.randn(200_000, generator=torch.Generator().manual_seed(4)) ** 3
-
-    def run(steps, lines):
-        for step in steps:
-            if flex.probe_due:
-                _timed_plan(flex, step, ada.cr, lines)
-            if step > 0:
-                ada.note_other_ms(0.0)  # nothing else in the step: communication is the step
-            cr = ada.cr_for_step(step, ada.announce_ready())
-            flex.decide(step, cr)
-            flex.observe_step(_step_control(flex, cr, lines), cr)
-            ada.observe(step, g)
-            if ada._future is not None:
-                ada._future.result(timeout=60)
-
-    run(range(0, 20), _FAST_GATHER)
+    _run_steps(flex, ada, g, range(0, 20), lambda step: _FAST_GATHER)
     assert flex.path == "allgather" and ada.changes and ada.last_result.curves["time"] == "fit"
     first_cr = ada.cr
-    run(range(20, 40), after)
+    _run_steps(flex, ada, g, range(20, 40), lambda step: after)
     assert flex.n_full_probes == 2  # start-up, then the drift the change caused
     assert [s["reason"] for s in ada.solves][-1] == "network model recalibrated"
     last = ada.solves[-1]  # a solve's record holds its inputs and result
@@ -758,38 +774,22 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     turns steep, then flat (latency-bound): without the wait, a solve four steps after the
     second drift probe read the old slope through the size in use (CR 0.00112), 42 ms at CR 0.1
     where steps take 20 ms."""
-    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS, FlexibleController
+    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
 
     mode = Adaptive(cr=0.01, gain_every=1, min_interval=50, min_cr_change=0, min_tta_gain=0,
                     reprobe_interval=0, drift_patience=3, n_gen=20, pop_size=16, span_steps=2,
                     span_every=1000)
-    flex = FlexibleController(mode, world_size=4, numel=1_000_000)
-    flex.probe_crs = tuple(mode.candidates) + (mode.c_low, mode.c_high)
-    ada = AdaptiveController(mode, rank=0, hvd=None, process_set=None, predict_ms=flex.predict,
-                             model_version=lambda: flex.model_version,
-                             recalibrating=lambda: flex.recalibrating)
-    ada._broadcast = lambda obj: obj  # the channel itself is tested with real ranks
+    flex, ada = _adaptive_on_synthetic_network(
+        mode, tuple(mode.candidates) + (mode.c_low, mode.c_high))
     g = torch.randn(200_000, generator=torch.Generator().manual_seed(4)) ** 3
     dear_ar = {"broadcast": (50.0, 1e-4), "allreduce": (50.0, 1e-4)}  # the allgather stays cheaper
     phases = [(0, {"allgather": (1.0, 1e-5), **dear_ar}),
               (20, {"allgather": (1.0, 1e-4), **dear_ar}),  # per byte x10
               (40, {"allgather": (20.0, 1e-7), **dear_ar})]  # latency-bound
-    recalibrating, drift_probes = {}, []
-    for step in range(90):
-        lines = [lines for start, lines in phases if step >= start][-1]
-        if flex.probe_due:
-            if _timed_plan(flex, step, ada.cr, lines) == "drift":
-                drift_probes.append(step)
-        if step > 0:
-            ada.note_other_ms(0.0)
-        cr = ada.cr_for_step(step, ada.announce_ready())
-        flex.decide(step, cr)
-        step_cr, role = flex.step_cr(step, cr)
-        flex.observe_step(_step_control(flex, step_cr, lines, flex.step_path(role)), step_cr, role)
-        recalibrating[step] = flex.recalibrating
-        ada.observe(step, g)
-        if ada._future is not None:
-            ada._future.result(timeout=60)
+    seen = _run_steps(flex, ada, g, range(90),
+                      lambda step: [lines for start, lines in phases if step >= start][-1])
+    drift_probes = [step for step, (kind, _) in seen.items() if kind == "drift"]
+    recalibrating = {step: on for step, (_, on) in seen.items()}
     assert flex.path == "allgather"
     assert len(drift_probes) == 2 and 40 <= drift_probes[1] < 50, drift_probes
     held = [s for s, on in recalibrating.items() if on]
