@@ -299,31 +299,34 @@ class Adaptive(Flexible):
       growing on a new round trip) and leave a wrong slope for the rest of the run. So, at most
       every ``span_every`` steps after the last probe or span, ``span_steps`` consecutive real
       training steps run at an end of the candidate range (``c_low`` or ``c_high``: of those at
-      least 4x away from the CR in use, the one predicted cheaper; usually ``c_low``, which costs
-      no time) on the path in use, under their own collective names (no renegotiation of the
-      regular message). Their timings never reach the drift detector. The first step at a new
-      size pays Horovod's negotiation and is not timed. When the span's last timings arrive it
-      is judged against the prediction at its CR: if some timed step lies within
+      least 4x away from the CR in use, the one predicted cheaper; usually ``c_low``, which
+      costs no time) on the path in use, under their own collective names (no renegotiation of
+      the regular message). Their timings never reach the drift detector. The first step at a
+      new size pays Horovod's negotiation and is not timed. When the span's last timings arrive
+      it is judged against the prediction at its CR: if some timed step lies within
       ``drift_threshold`` of it, or the steps lie on both sides of it, the span confirms the
       model and its timings are dropped (a few noisy steps near ``c_low`` would re-tilt the
-      slope the probe measured over the whole range). If every step is off on the same side,
-      its timings replace what the probes measured at other sizes than the one in use: the
-      path's line then rests on real steps (the span's steps at its end, the recent steps at
-      the CR in use). A span that moves the prediction at either end of the candidates by more
-      than ``drift_threshold`` counts as a recalibration and triggers a re-optimisation. A span
-      whose predicted extra time (over steps at the CR in use) would take refreshes and spans
-      together past ``probe_budget`` of the measured communication waits. The error feedback
-      keeps what a span step at ``c_low`` does not send. With span steps, drift runs Flexible's
-      drift probe (the path not in use at the k in use; the path in use re-anchored on its
-      recent steps) instead of a full probe over every candidate's size (13.2 s at 25 ms one
-      way in one run), and a span follows 10 steps later (``flexible.SPAN_SETTLE_STEPS``), then
-      one on the other sparse path (the drift probe timed it at the k in use only, so its slope
-      was the old network's); these two spans run outside the budget and each recalibrates
-      whatever it measures (a re-solve after each, 10 steps apart at least). From the drift
-      (a probe due) until the first of them is judged, no re-optimisation starts, whatever its
-      trigger: the model has been re-timed at the size in use only, and its line through that
-      size leans on the old network's slope (``FlexibleController.recalibrating``).
-      ``span_steps=0`` turns span steps off (drift then runs a full probe).
+      slope the probe measured over the whole range). If every step is off on the same side in
+      two routine spans in a row, or every step of one span took under 1/2.5 of the prediction
+      (``flexible.SPAN_FAR_BELOW``: only a faster network does that, where stalls make a lone
+      span slow), the span's timings replace what the probes measured at other sizes than the
+      one in use: the path's line then rests on real steps (the span's steps at its end, the
+      recent steps at the CR in use). A span that moves the prediction at either end of the
+      candidates by more than ``drift_threshold`` counts as a recalibration and triggers a
+      re-optimisation. A span whose predicted extra time (over steps at the CR in use) would
+      take refreshes and spans together past ``probe_budget`` of the measured communication
+      waits. The error feedback keeps what a span step at ``c_low`` does not send. With span
+      steps, drift runs Flexible's drift probe (the path not in use at the k in use; the path in
+      use re-anchored on its recent steps) instead of a full probe over every candidate's size
+      (13.2 s at 25 ms one way in one run), and a span follows 10 steps later
+      (``flexible.SPAN_SETTLE_STEPS``), then one on the other sparse path (the drift probe timed
+      it at the k in use only, so its slope was the old network's); these two spans run outside
+      the budget and each recalibrates whatever it measures (a re-solve after each, 10 steps
+      apart at least). From the drift (a probe due) until the first of them is judged, no
+      re-optimisation starts, whatever its trigger: the model has been re-timed at the size in
+      use only, and its line through that size leans on the old network's slope
+      (``FlexibleController.recalibrating``). ``span_steps=0`` turns span steps off (drift then
+      runs a full probe).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12, and a Horovod op costs several round trips before any data moves (the
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs

@@ -49,6 +49,17 @@ SPAN_MIN_RATIO = 4.0
 #: were steady from about 10 steps after a change on).
 SPAN_SETTLE_STEPS = 10
 
+#: A routine span whose every timed step took less than 1/this of the prediction at its CR
+#: recalibrates at once, without waiting for a second span off on the same side. Stalls (a TCP
+#: retransmission, another job on the link) make a few steps far slower than the model, so a span
+#: far above it needs a second look; nothing but a faster network makes every step of a span far
+#: faster. (Reverse change, unlimited rate, 25 ms -> 100 Mbit/s, 5 ms one way, seed 42: the steps
+#: at the CR in use fell 21%, inside the drift threshold, and the first span after it measured
+#: 87-110 ms at CR 0.001 against 323 ms predicted; the off-twice rule kept the 25 ms link's slope
+#: 50 steps longer. On the static 100 Mbit/s, 5 ms records, the lowest of 194 routine spans was
+#: 0.52x its prediction.)
+SPAN_FAR_BELOW = 2.5
+
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
@@ -527,7 +538,7 @@ class FlexibleController:
           the line through them and the CR in use only spans the small sizes: on a static
           100 Mbit/s, 5 ms link one span measured 115 and 99 ms where about 79 ms was
           predicted (the 6 spans after it confirmed), and the refitted line was flat, 112-114 ms at
-          every candidate from 0.001 to 0.1 (about 330 ms measured at 0.1);
+          every candidate from 0.001 to 0.1 (about 330 ms measured at 0.1). Not when far below;
         - **off twice** (the next routine span off on the same side too), or the spans that
           follow a drift probe (one on each sparse path, the path in use first; they also keep
           the samples at the sizes the drift probe measured, :attr:`drift_anchor_bytes`): the
@@ -539,7 +550,10 @@ class FlexibleController:
           on real steps, the CR in use and the span's end. If
           that moved the prediction at either end of the candidates by more than
           ``drift_threshold`` (or the span follows drift), the model counts one change
-          (:attr:`model_version`) and Adaptive re-optimises."""
+          (:attr:`model_version`) and Adaptive re-optimises;
+        - **far below** (a routine span whose every timed step took less than
+          1/:data:`SPAN_FAR_BELOW` of the prediction): as off twice, at once. Only a faster
+          network makes every step of a span that much faster; stalls make steps slower."""
         before, timed = self.span_before_ms, self.span_samples
         after_drift, cr, path = self.span_after_drift, self.span_cr, self.span_path
         self._end_span()
@@ -562,7 +576,8 @@ class FlexibleController:
                      "%s, predicted %.1f ms (within %.0f%% or on both sides)", cr, shown, path,
                      expected, 100 * thr)
             return
-        if not after_drift and self.span_off_side != side:
+        far_below = side == "low" and all(SPAN_FAR_BELOW * m < expected for m in measured)
+        if not after_drift and not far_below and self.span_off_side != side:
             self.span_off_side = side
             self.n_span_offs += 1
             log.info("hvd_flexcomm: the span at cr %g measured %s ms on the %s, predicted %.1f ms "
@@ -589,11 +604,13 @@ class FlexibleController:
         end = max(moved, key=moved.get)
         if moved[end] > thr or after_drift:
             self.n_span_moves += 1
+            why = (" after drift" if after_drift else
+                   f" (every step over {SPAN_FAR_BELOW:g}x below: no second span)" if far_below
+                   else "")
             log.info("hvd_flexcomm: the span at cr %g (measured %s ms on the %s, predicted %.1f "
                      "ms)%s moved the predicted time at cr %g %.1f -> %.1f ms (%.0f%%): model "
-                     "recalibrated", cr, shown, path, expected,
-                     " after drift" if after_drift else "", end, before[end], after[end],
-                     100 * moved[end])
+                     "recalibrated", cr, shown, path, expected, why, end, before[end],
+                     after[end], 100 * moved[end])
 
     def _end_span(self) -> None:
         """Close the span state (judged, or abandoned by a probe)."""

@@ -623,6 +623,39 @@ def test_a_span_confirms_the_model_or_recalibrates_it(factors, confirmed):
     assert not ctrl.probe_due and ctrl.drift.count == 0
 
 
+@pytest.mark.parametrize("factors, at_once", [
+    ((0.3, 0.35), True),    # every step far below: only a faster network does that
+    ((0.3, 0.45), False),   # one step within SPAN_FAR_BELOW: off once, as any off span
+    ((3.0, 3.5), False),    # far above: stalls do that, so a second span must agree
+])
+def test_a_span_far_below_the_prediction_recalibrates_at_once(factors, at_once):
+    """A routine span whose every timed step took less than 1/SPAN_FAR_BELOW of the prediction
+    refits the line through the steps at the CR in use and the span's end at once (a move, no
+    off span counted); anything less, or as far above, is off once and kept out of the model."""
+    from hvd_flexcomm.flexible import SPAN_FAR_BELOW
+
+    assert SPAN_FAR_BELOW == 2.5  # the bounds of the cases above: 1/2.5 = 0.4
+    ctrl = _span_ctrl(span_steps=len(factors) + 1, span_every=5)
+    for _ in range(1, 5):
+        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    version = ctrl.model_version
+    before = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.01, 0.001)}
+    cr, roles = _run_span(ctrl, 5, [f * before[0.001] for f in factors])
+    assert cr == 0.001 and roles == ["cold"] + ["span"] * len(factors)
+    if at_once:
+        assert (ctrl.n_span_moves, ctrl.n_span_offs, ctrl.span_off_side) == (1, 0, None)
+        assert ctrl.model_version == version + 1
+        median = statistics.median(factors) * before[0.001]
+        assert ctrl.predict(0.001)["allgather"] == pytest.approx(median, rel=1e-6)
+        assert ctrl.predict(0.01)["allgather"] == pytest.approx(before[0.01], rel=1e-6)
+    else:
+        side = "low" if factors[0] < 1 else "high"
+        assert (ctrl.n_span_moves, ctrl.n_span_offs, ctrl.span_off_side) == (0, 1, side)
+        assert ctrl.model_version == version
+        for c, ms in before.items():
+            assert ctrl.predict(c)["allgather"] == pytest.approx(ms, rel=1e-9)
+
+
 def test_off_spans_recalibrate_only_twice_in_a_row_on_the_same_side():
     """Off high, then off low: neither refits (noise on both sides over two spans); a confirm
     in between forgets an off span; a probe forgets it too; the state survives a checkpoint."""
