@@ -321,11 +321,11 @@ class Adaptive(Flexible):
       (13.2 s at 25 ms one way in one run), and a span follows 10 steps later
       (``flexible.SPAN_SETTLE_STEPS``), then one on the other sparse path (the drift probe timed
       it at the k in use only, so its slope was the old network's); these two spans run outside
-      the budget and each recalibrates whatever it measures (a re-solve after each, 10 steps
-      apart at least). From the drift (a probe due) until the first of them is judged, no
-      re-optimisation starts, whatever its trigger: the model has been re-timed at the size in
-      use only, and its line through that size leans on the old network's slope
-      (``FlexibleController.recalibrating``). ``span_steps=0`` turns span steps off (drift then
+      the budget and each recalibrates whatever it measures. From the drift (a probe due) until
+      both are judged, no re-optimisation starts, whatever its trigger: until then the model
+      has been re-timed at the size in use only on at least one path, and its line through
+      that size leans on the old network's slope (``FlexibleController.recalibrating``); then
+      one re-optimisation reads both new slopes. ``span_steps=0`` turns span steps off (drift then
       runs a full probe).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12, and a Horovod op costs several round trips before any data moves (the

@@ -321,22 +321,27 @@ class FlexibleController:
     @property
     def recalibrating(self) -> bool:
         """The model is known to be off and not re-measured yet: a probe is due, or (under span
-        steps) a drift probe ran and the span after it on the path in use is not judged yet.
-        Until then only the size in use was timed on the new network, and the line through it
-        leans on the old network's slope, or where that slope overshoots the new point, runs
-        through the origin: the prediction at the other candidates is a guess. Adaptive does
-        not solve meanwhile (a solve reads every candidate). (In a change from 0.1 ms / 100
-        Mbit/s to 10 ms one way, a second drift probe, after TCP had settled, re-anchored the
-        allgather at CR 0.1 on a slope learned while its windows grew: a solve four steps later
-        saw 3.7 ms at CR 0.001, where steps take 44-86 ms.)"""
-        return self.probe_due or self.span_other_due
+        steps) a drift probe ran and the two spans after it (one per sparse path) are not both
+        judged yet. Until then only the size in use was timed on the new network, and the line
+        through it leans on the old network's slope, or where that slope overshoots the new
+        point, runs through the origin: the prediction at the other candidates is a guess.
+        Adaptive does not solve meanwhile (a solve reads every candidate, on both paths). (In
+        a change from 0.1 ms / 100 Mbit/s to 10 ms one way, a second drift probe, after TCP had
+        settled, re-anchored the allgather at CR 0.1 on a slope learned while its windows grew:
+        a solve four steps later saw 3.7 ms at CR 0.001, where steps take 44-86 ms. In the
+        reverse change, unlimited rate, 25 ms -> 100 Mbit/s, 5 ms, the route moved to AR-Topk at
+        the drift probe; a solve after its span alone, with the allgather still on the 25 ms
+        link's slope, saw 233 ms at CR 0.001 and kept CR 0.08-0.1, and the solve with both
+        slopes, 10 steps later, picked 0.019: the second span came 2 steps after the first.)"""
+        return (self.probe_due or self.span_other_due or self.span_second_path is not None
+                or (self.span_open and self.span_after_drift))
 
     @property
     def model_version(self) -> int:
         """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
         spans that moved it (a drift probe under spans is followed by two spans, one per sparse
-        path, and each counts: Adaptive re-solves after the first, and again at least
-        ``adaptive.RECALIBRATED_MIN_INTERVAL`` steps later with both new slopes)."""
+        path, and each counts; Adaptive solves once both are judged, see
+        :attr:`recalibrating`)."""
         return self.n_full_probes + self.n_span_moves
 
     # -- span steps (Adaptive) -------------------------------------------------------------------

@@ -712,7 +712,7 @@ def _run_steps(flex, ada, g, steps, lines_at):
     """Adaptive's loop on a synthetic network (``lines_at(step)``: that step's lines, see
     :func:`_timed_plan`): the due probe, the step's CR and span role, its timings, the gains of
     ``g`` and any solve (waited for). Returns ``{step: (probe kind or None, flex.recalibrating
-    once the step's timings are in)}``."""
+    once the step's timings are in, the step's span role, the step's path)}``."""
     seen = {}
     for step in steps:
         lines = lines_at(step)
@@ -723,7 +723,7 @@ def _run_steps(flex, ada, g, steps, lines_at):
         flex.decide(step, cr)
         step_cr, role = flex.step_cr(step, cr)
         flex.observe_step(_step_control(flex, step_cr, lines, flex.step_path(role)), step_cr, role)
-        seen[step] = (kind, flex.recalibrating)
+        seen[step] = (kind, flex.recalibrating, role, flex.step_path(role))
         ada.observe(step, g)
         if ada._future is not None:
             ada._future.result(timeout=60)
@@ -773,7 +773,9 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     change's span (``FlexibleController.recalibrating``), not read that guess. Here the allgather
     turns steep, then flat (latency-bound): without the wait, a solve four steps after the
     second drift probe read the old slope through the size in use (CR 0.00112), 42 ms at CR 0.1
-    where steps take 20 ms."""
+    where steps take 20 ms. The wait lasts until the span on the other sparse path is judged
+    too: without that, the solve came right after the first span (step 54, the other path's
+    span at 55-56)."""
     from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
 
     mode = Adaptive(cr=0.01, gain_every=1, min_interval=50, min_cr_change=0, min_tta_gain=0,
@@ -788,8 +790,8 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
               (40, {"allgather": (20.0, 1e-7), **dear_ar})]  # latency-bound
     seen = _run_steps(flex, ada, g, range(90),
                       lambda step: [lines for start, lines in phases if step >= start][-1])
-    drift_probes = [step for step, (kind, _) in seen.items() if kind == "drift"]
-    recalibrating = {step: on for step, (_, on) in seen.items()}
+    drift_probes = [step for step, (kind, *_) in seen.items() if kind == "drift"]
+    recalibrating = {step: on for step, (_, on, *_) in seen.items()}
     assert flex.path == "allgather"
     assert len(drift_probes) == 2 and 40 <= drift_probes[1] < 50, drift_probes
     held = [s for s, on in recalibrating.items() if on]
@@ -800,5 +802,14 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     first = next(s for s in ada.solves if s["step"] > drift_probes[1])
     assert first["reason"] == "network model recalibrated"
     assert first["step"] > drift_probes[1] + SPAN_SETTLE_STEPS
+    # ... for both spans after it, one per sparse path: the one on the path not in use too
+    # (the drift probe timed that path at the size in use only)
+    spans = {path: [s for s, (_, _, role, p) in seen.items()
+                    if role is not None and p == path and s > drift_probes[1]]
+             for path in ("allgather", "allreduce")}
+    assert spans["allgather"] and spans["allreduce"], spans
+    # (this loop feeds a step's timings in the step itself: the last span step is judged, and
+    # the solve starts, at that step)
+    assert first["step"] >= max(spans["allreduce"]) > max(spans["allgather"]), (first, spans)
     assert first["comm_ms"] == pytest.approx([20.0] * len(first["crs"]), rel=0.1)
     ada.close()

@@ -405,8 +405,8 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     """With span steps, Adaptive's drift runs the cheap drift probe (the path not in use at the k
     in use), not a full probe over every candidate's size; a span follows SPAN_SETTLE_STEPS
     later, then one on the other sparse path, outside the budget (AR-Topk costs far more than
-    the allgather here), and each counts as a recalibration (Adaptive re-solves) even when they
-    find the slopes unchanged."""
+    the allgather here), and each counts as a recalibration even when they find the slopes
+    unchanged; ``recalibrating`` (no Adaptive solve) holds until both are judged."""
     from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
 
     ctrl = _span_ctrl(span_steps=2, span_every=50)
@@ -428,7 +428,8 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     ctrl.observe_step(_ag_control(1.0), 0.001, "cold")
     assert ctrl.model_version == version and ctrl.recalibrating  # Adaptive does not solve yet
     ctrl.observe_step(_ag_control(ctrl.predict(0.001)["allgather"]), 0.001, "span")  # as predicted
-    assert ctrl.model_version == version + 1 and not ctrl.recalibrating
+    # counted, but Adaptive waits for the other path's span too (its slope is the old one's)
+    assert ctrl.model_version == version + 1 and ctrl.recalibrating
     assert ctrl.n_full_probes == 1 and ctrl.n_drift_probes == 1
     assert (ctrl.span_second_path, ctrl.span_soon_step, ctrl.span_other_due) == ("allreduce", 0,
                                                                                   False)
@@ -440,10 +441,11 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     assert ctrl.step_path("span") == "allreduce" and ctrl.path == "allgather"
     assert ctrl.span_ms_total == pytest.approx(extra)
     ar = [PATH_CODES["allreduce"], 1.0, 1.0, 0.0, 0.0]
+    assert ctrl.recalibrating  # the second span under way
     ctrl.observe_step(ar, 0.001, "cold")
     ctrl.observe_step(ar, 0.001, "span")
     assert ctrl.model_version == version + 2 and ctrl.span_soon_step is None
-    assert ctrl.span_second_path is None and not ctrl.span_open
+    assert ctrl.span_second_path is None and not ctrl.span_open and not ctrl.recalibrating
 
 
 def test_after_drift_with_no_span_in_reach_the_drift_probe_model_stands():
