@@ -68,7 +68,8 @@ ANNOUNCE_LAG_STEPS = 2
 #: ``min_interval``, if shorter), not ``min_interval``: the network changed, and the CR picked
 #: for the old one costs every step until the re-solve (in a change from 25 ms to 100 Mbit/s,
 #: 5 ms one way, 40 steps at CR 0.1 where 0.02 was picked next). Recalibrations are rare: full
-#: probes, the spans after a drift probe, a span off the model twice on one side.
+#: probes, the spans after a drift probe (one solve once both are judged), a span off the model
+#: twice on one side or once far below it.
 RECALIBRATED_MIN_INTERVAL = 10
 
 log = logging.getLogger("hvd_flexcomm.adaptive")
