@@ -48,7 +48,7 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
    about 330 ms, and the CR went to 0.1 for 50 steps. A network change unpins the slope
    (:meth:`LinearCostFit.unpin_slope`, after a drift probe), so that the spans that follow
    (4x or more from the CR in use) can replace it; so do two routine spans in a row that find
-   the model off on the same side, or one that finds it far too slow
+   the model off on the same side, or one whose steps all ran far faster than it predicts
    (``flexible.FlexibleController._close_span``).
 
 Refits happen on every :meth:`LinearCostFit.add` (at most ``window`` points: tens of microseconds).

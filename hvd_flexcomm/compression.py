@@ -325,8 +325,8 @@ class Adaptive(Flexible):
       both are judged, no re-optimisation starts, whatever its trigger: until then the model
       has been re-timed at the size in use only on at least one path, and its line through
       that size leans on the old network's slope (``FlexibleController.recalibrating``); then
-      one re-optimisation reads both new slopes. ``span_steps=0`` turns span steps off (drift then
-      runs a full probe).
+      one re-optimisation reads both new slopes. ``span_steps=0`` turns span steps off (drift
+      then runs a full probe).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12, and a Horovod op costs several round trips before any data moves (the
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs
