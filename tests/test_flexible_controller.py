@@ -561,6 +561,15 @@ def test_a_checkpoint_keeps_the_spans_after_drift_that_are_due():
         None, False, None)
 
 
+def _span_ctrl_at_step_5(**kw):
+    """:func:`_span_ctrl` with ``span_every=5`` after steps 1-4 at CR 0.01, each as predicted:
+    the first span starts at step 5."""
+    ctrl = _span_ctrl(span_every=5, **kw)
+    for _ in range(1, 5):
+        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    return ctrl
+
+
 def _run_span(ctrl, start, measured_ms):
     """Run one span from ``start`` (its steps' CR from step_cr), feeding ``measured_ms`` per
     timed step (the first step at a new size is cold: fed something absurd, never used)."""
@@ -589,9 +598,7 @@ def test_a_span_confirms_the_model_or_recalibrates_it(factors, confirmed):
     counted as off and kept out of the model, and only when the next span is off on the same
     side too is the line refitted through the steps at the CR in use and that span's end, and a
     move counted."""
-    ctrl = _span_ctrl(ag_ms_per_byte=1e-4, span_steps=len(factors) + 1, span_every=5)
-    for _ in range(1, 5):
-        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    ctrl = _span_ctrl_at_step_5(ag_ms_per_byte=1e-4, span_steps=len(factors) + 1)
     fit = ctrl.model.fits["allgather"]
     before = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.01, 0.001)}
     slope, n_samples = fit.b_ms_per_byte, fit.n_samples
@@ -637,9 +644,7 @@ def test_a_span_far_below_the_prediction_recalibrates_at_once(factors, at_once):
     from hvd_flexcomm.flexible import SPAN_FAR_BELOW
 
     assert SPAN_FAR_BELOW == 2.5  # the bounds of the cases above: 1/2.5 = 0.4
-    ctrl = _span_ctrl(span_steps=len(factors) + 1, span_every=5)
-    for _ in range(1, 5):
-        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    ctrl = _span_ctrl_at_step_5(span_steps=len(factors) + 1)
     version = ctrl.model_version
     before = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.01, 0.001)}
     cr, roles = _run_span(ctrl, 5, [f * before[0.001] for f in factors])
@@ -661,9 +666,7 @@ def test_a_span_far_below_the_prediction_recalibrates_at_once(factors, at_once):
 def test_off_spans_recalibrate_only_twice_in_a_row_on_the_same_side():
     """Off high, then off low: neither refits (noise on both sides over two spans); a confirm
     in between forgets an off span; a probe forgets it too; the state survives a checkpoint."""
-    ctrl = _span_ctrl(ag_ms_per_byte=1e-4, span_steps=3, span_every=5)
-    for _ in range(1, 5):
-        ctrl.observe_step(_ag_control(ctrl.predict(0.01)["allgather"]), 0.01)
+    ctrl = _span_ctrl_at_step_5(ag_ms_per_byte=1e-4, span_steps=3)
     expected = ctrl.predict(0.001)["allgather"]
     before = {c: ctrl.predict(c)["allgather"] for c in (0.1, 0.01, 0.001)}
 
