@@ -154,6 +154,13 @@ class FlexibleController:
         #: bytes per kind that the last drift probe timed or re-anchored on the recent steps
         #: (the sizes of the k in use then): the spans after it keep these samples too
         self.drift_anchor_bytes: dict[str, int] = {}
+        #: the k at which each sparse path's own names (the unsuffixed ones of ``sync.py``; span
+        #: steps have names of their own) last ran in this process. Horovod's response cache
+        #: holds one shape per name, so a path's first step, and its first at another k (a new
+        #: CR), negotiate afresh (see :meth:`start_route_step`). Not checkpointed: a new process
+        #: negotiates every name again.
+        self.route_ks: dict[str, int] = {}
+        self.n_cold_steps = 0
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -417,6 +424,24 @@ class FlexibleController:
                  "" if path == self.path else f", not the {self.path} in use,", cr, end_ms, now_ms)
         return end, ("cold" if cold else "span")
 
+    def start_route_step(self, path: Optional[str], cr: float) -> bool:
+        """Note that a step on the route (not a span step) starts on ``path`` at ``cr``; True when
+        it is **cold**: the path's first step in this process, or its first at another k since
+        the last. Horovod then negotiates the step's names again (its response cache holds one
+        shape per name), which costs about one more round trip of the slowest collective. On
+        100 Mbit/s, 5 ms one way, N = 4, the first step at each new CR of Adaptive took 60-120
+        ms more than the steps after it (docs/performance/runs/static_9a87501), and in the
+        acceptance grid a switch to AR-Topk at 0.1 ms one way measured 103 ms on a path that
+        takes 23 ms: fed to the fit, it sent the route straight back. :meth:`observe_step` keeps
+        a cold step's timings out of the model (``cold=True``). Pure function of shared state
+        (the route and the CR): every rank returns the same."""
+        if path not in PATHS:
+            return False
+        k = k_for(cr, self.numel)
+        cold = self.route_ks.get(path) != k
+        self.route_ks[path] = k
+        return cold
+
     def step_path(self, role: Optional[str]) -> Optional[str]:
         """The path of a step whose span role (from :meth:`step_cr`) is ``role``: the span's path
         at span steps (the other sparse path for the second span after a drift probe), else the
@@ -461,13 +486,16 @@ class FlexibleController:
         entries[ANNOUNCE_SLOT] = 1.0 if announce else 0.0
         return tuple(entries)
 
-    def observe_step(self, control: list[float], cr: float, role: Optional[str] = None) -> None:
+    def observe_step(self, control: list[float], cr: float, role: Optional[str] = None,
+                     cold: bool = False) -> None:
         """Feed the previous step's timings (``control`` as received in the payload: path code,
         then the first-collective, second-collective and VAR allgather ms, each the minimum over
         ranks) to the fits and the drift detector. ``role``: the step's role from
         :meth:`step_cr`: a ``"span"`` step's timings are kept for the span's judgement
         (:meth:`_close_span`) and never reach the drift detector, a ``"cold"`` one's are not
-        timed into anything (both count in the measured communication)."""
+        timed into anything (both count in the measured communication). ``cold``: a route step
+        that negotiated its names afresh (:meth:`start_route_step`): counted in the measured
+        communication, kept out of the fits and the drift detector."""
         code = float(control[PATH_SLOT])
         t1, t2, t_var = (float(control[slot]) for slot in TIMING_SLOTS)
         path = _PATH_OF_CODE.get(code)
@@ -486,6 +514,11 @@ class FlexibleController:
         self.step_comm_ms_total += measured
         if role in ("span", "cold"):
             self._observe_span_step(samples, cr, path, role)
+            return
+        if cold:
+            self.n_cold_steps += 1
+            log.debug("hvd_flexcomm: %s step at cr %g negotiated its names afresh: %.2f ms "
+                      "(predicted %.2f ms) kept out of the model", path, cr, measured, predicted)
             return
         for kind, nbytes, ms in samples:
             self.model.observe(kind, nbytes, ms)

@@ -403,7 +403,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                             named_parameters=model.named_parameters(),
                                             compression=mode)
-    crs, paths, spans, probes, step_end = [], [], [], [], []
+    crs, paths, spans, colds, probes, step_end = [], [], [], [], [], []
     ctrl = opt._flex_adaptive
     step = 0
     # a fixed number of steps, then on until the solver's CR is announced (a busy machine may
@@ -416,6 +416,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
         crs.append(opt.last_stats["cr"])
         paths.append(opt.last_stats["collective"])
         spans.append(opt.last_stats["span"])
+        colds.append(opt.last_stats.get("cold", False))
         probes.append(opt.last_stats.get("probe_kind"))
         step_end.append(time.perf_counter())
         step += 1
@@ -423,7 +424,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     solves = [dict(s) for s in ctrl.solves if s["end"] is not None]  # finished ones
     steps_during = [sum(1 for t in step_end if s["start"] < t < s["end"]) for s in solves]
     state = opt.state_dict()["hvd_flexcomm"]["adaptive"]
-    return {"crs": crs, "paths": paths, "spans": spans, "probes": probes,
+    return {"crs": crs, "paths": paths, "spans": spans, "colds": colds, "probes": probes,
             "span_moves": opt._flex_controller.n_span_moves,
             "span_confirms": opt._flex_controller.n_span_confirms,
             "span_offs": opt._flex_controller.n_span_offs,

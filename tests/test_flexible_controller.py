@@ -718,3 +718,62 @@ def test_a_probe_abandons_the_span_under_way():
     assert ctrl.step_cr(7, 0.01) == (0.01, None)  # the span after drift waits to settle
     roles = [ctrl.step_cr(s, 0.01)[1] for s in range(8, 40)]
     assert "span" in roles
+
+
+def test_a_route_step_is_cold_on_its_names_first_use_at_a_size():
+    """Horovod negotiates a name afresh on its first use and on a new shape: a path's first step,
+    and its first at another k; a return to a path at the k it last ran at is warm."""
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
+    assert ctrl.start_route_step("allgather", 0.01)
+    assert not ctrl.start_route_step("allgather", 0.01)
+    assert ctrl.start_route_step("allreduce", 0.01)
+    assert not ctrl.start_route_step("allgather", 0.01)  # its names kept their shape
+    assert ctrl.start_route_step("allgather", 0.02)
+    assert ctrl.start_route_step("allgather", 0.01)  # the shape changed in between
+    assert not ctrl.start_route_step("dense", 0.01)  # one size only, never fitted
+    assert not ctrl.start_route_step(None, 0.01)
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_cold_step_stays_out_of_the_model(cold):
+    """The acceptance grid at 0.1 ms one way: the route moved to the allreduce, whose first step
+    took ~4x its steady time while Horovod negotiated its names; fed to the fit, that one step
+    (with the probe's noisy timings at that size) sent the route straight back. Kept out, the
+    route stays and the fits and the drift detector see only warm steps (the measured
+    communication still counts it). ``cold=False`` shows the step moving the fit."""
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0)
+    ctrl = FlexibleController(mode, world_size=4, numel=NUMEL)
+    plan, repeats, what = ctrl.probe_plan(0, 0.01)
+    sizes = ctrl.payload_bytes(10_000)
+    results = []
+    for kind, nbytes in plan:  # the probe's two timings of the allreduce kinds at k: 0.6x, 1.4x
+        ms = (1e-6 if kind == "allgather" else 1.1e-6) * nbytes
+        spread = (0.6, 1.4) if kind != "allgather" and nbytes == sizes[kind] else (1.0, 1.0)
+        results += [(kind, nbytes, f * ms) for f in spread]
+    ctrl.after_probe(0, results, what, spent_ms=5.0)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    assert ctrl.start_route_step("allgather", 0.01)  # step 0: cold, as every first step
+    ag_ms = ctrl.predicted_ms["allgather"]
+    ctrl.observe_step([PATH_CODES["allgather"], 5 * ag_ms, 0.0, 0.0], 0.01, cold=True)
+    assert ctrl.model.fits["allgather"].n_samples == 2 * repeats  # the probe's only
+    step = 1
+    while ctrl.decide(step, 0.01) == "allgather":  # the allgather runs slower than predicted
+        assert not ctrl.start_route_step("allgather", 0.01)
+        ctrl.observe_step([PATH_CODES["allgather"], 1.3 * ag_ms, 0.0, 0.0], 0.01)
+        step += 1
+        assert step < 20 and not ctrl.probe_due
+    assert ctrl.start_route_step("allreduce", 0.01)  # the switch: the allreduce's first step
+    bcast_ms = ctrl.model.predict_ms("broadcast", sizes["broadcast"])
+    ar_ms = ctrl.model.predict_ms("allreduce", sizes["allreduce"])
+    n_ar, comm_before = ctrl.model.fits["allreduce"].n_samples, ctrl.step_comm_ms_total
+    ctrl.observe_step([PATH_CODES["allreduce"], 4 * bcast_ms, 4 * ar_ms, 0.0, 0.0], 0.01,
+                      cold=cold)
+    assert ctrl.step_comm_ms_total == pytest.approx(comm_before + 4 * (bcast_ms + ar_ms))
+    if cold:
+        assert ctrl.model.fits["allreduce"].n_samples == n_ar and ctrl.n_cold_steps == 2
+        assert ctrl.decide(step + 1, 0.01) == "allreduce"
+        assert ctrl.predicted_ms["allreduce"] == pytest.approx(bcast_ms + ar_ms)
+    else:  # what a cold step did before it was kept out: it joined the fit and moved it
+        assert ctrl.model.fits["allreduce"].n_samples == n_ar + 1 and ctrl.n_cold_steps == 1
+        ctrl.decide(step + 1, 0.01)
+        assert ctrl.predicted_ms["allreduce"] > 1.15 * (bcast_ms + ar_ms)

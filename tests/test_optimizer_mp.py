@@ -119,6 +119,12 @@ def test_flexible_paths_agree_and_match_reference(np_):
             assert set(s["predicted_ms"]) == {"allgather", "allreduce"}
             assert s["measured_ms"] > 0
         assert r["stats"][0]["probe_ms"] > 0  # start-up calibration
+        # a fixed CR: a step is cold (its names negotiated afresh, kept out of the fits) on its
+        # path's first use only
+        seen = set()
+        for s in r["stats"]:
+            assert s["cold"] == (s["collective"] not in seen), [x["cold"] for x in r["stats"]]
+            seen.add(s["collective"])
         # time outside synchronize (here the test's own reference collectives and backward)
         assert r["stats"][0]["other_ms"] is None and all(s["other_ms"] > 0 for s in r["stats"][1:])
         assert any(s["probe_ms"] > 0 for s in r["stats"][1:])  # periodic refresh (interval 4)
@@ -154,6 +160,16 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     # is not)
     assert 1 <= r0["span_moves"] + r0["span_confirms"] + r0["span_offs"] <= len(runs)
     assert min(span_steps) >= 30  # not in the warm-up
+    # a route step is cold when its path's names last ran at another CR (or never): the first
+    # sparse step and the first at each new CR; span steps have names of their own
+    last_cr = {}
+    for i, (cr, path, span) in enumerate(zip(crs, r0["paths"], spans)):
+        if span or path == "dense":
+            assert not r0["colds"][i], i
+            continue
+        assert r0["colds"][i] == (last_cr.get(path) != cr), (i, cr, path, last_cr)
+        last_cr[path] = cr
+    assert sum(r0["colds"]) >= 2  # the first sparse step and the solver's CR
     assert crs[0] == 1.0 and r0["paths"][0] == "dense"  # warm-up starts dense
     assert all(a >= b for a, b in zip(crs[:30], crs[1:30]))  # and ramps down
     # the starting CR once the warm-up ends, unless a drift during the warm-up made a span due
