@@ -178,6 +178,16 @@ class LinearCostFit:
         self._a = None
         self._b = None
 
+    def drop_size(self, nbytes: float) -> None:
+        """Forget the samples at exactly ``nbytes`` bytes and refit; the learned slope is kept
+        (a real step at that size supersedes what the probes timed there, see
+        ``flexible.FlexibleController.observe_step``)."""
+        kept = [(x, y) for x, y in self._samples if x != float(nbytes)]
+        if len(kept) != len(self._samples):
+            self._samples.clear()
+            self._samples.extend(kept)
+            self._refit()
+
     def unpin_slope(self) -> None:
         """Let the next fit over any base of ``MIN_SLOPE_SPAN`` or more replace the learned
         slope (the network changed: the slope learned over a wide base is the old network's)."""

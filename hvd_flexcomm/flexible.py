@@ -161,6 +161,16 @@ class FlexibleController:
         #: negotiates every name again.
         self.route_ks: dict[str, int] = {}
         self.n_cold_steps = 0
+        # Exploration (Flexible, ``mode.explore_within``): after a full or drift probe the path
+        # not chosen runs for a step or two when it is predicted close (see :meth:`decide`):
+        # whether one is due, the path it runs on, its route steps left, and how many ran.
+        self.explore_due = False
+        self.explore_path: Optional[str] = None
+        self.explore_left = 0
+        self.n_explorations = 0
+        #: (kind, bytes) at which an exploring step's timings have replaced the probe's
+        #: (:meth:`observe_step`); forgotten where a probe times that kind again
+        self.stepped_sizes: set = set()
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -286,6 +296,7 @@ class FlexibleController:
             self.drift_anchor_bytes = {coll: int(nbytes) for coll, nbytes, _ in recent + results}
         for coll, nbytes, ms in results:
             self.model.observe(coll, nbytes, ms)
+        self.stepped_sizes = {(coll, size) for coll, size in self.stepped_sizes if coll not in probed}
         self.last_probe_step = step
         self.probe_ms_total += spent_ms
         if kind == "refresh":
@@ -307,6 +318,8 @@ class FlexibleController:
         self.recent_steps.clear()
         self.drift.reset()
         self.router.reset()  # re-decide from scratch on a recalibrated model
+        self.explore_due = not self.probe_crs and self.mode.explore_within > 0
+        self.explore_left = 0
         self._end_span()  # a span under way measured the model this probe replaced
         self.span_off_side = None  # and an off span before it, too
 
@@ -424,23 +437,25 @@ class FlexibleController:
                  "" if path == self.path else f", not the {self.path} in use,", cr, end_ms, now_ms)
         return end, ("cold" if cold else "span")
 
-    def start_route_step(self, path: Optional[str], cr: float) -> bool:
-        """Note that a step on the route (not a span step) starts on ``path`` at ``cr``; True when
-        it is **cold**: the path's first step in this process, or its first at another k since
-        the last. Horovod then negotiates the step's names again (its response cache holds one
-        shape per name), which costs about one more round trip of the slowest collective. On
-        100 Mbit/s, 5 ms one way, N = 4, the first step at each new CR of Adaptive took 60-120
-        ms more than the steps after it (docs/performance/runs/static_9a87501), and in the
-        acceptance grid a switch to AR-Topk at 0.1 ms one way measured 103 ms on a path that
-        takes 23 ms: fed to the fit, it sent the route straight back. :meth:`observe_step` keeps
-        a cold step's timings out of the model (``cold=True``). Pure function of shared state
-        (the route and the CR): every rank returns the same."""
+    def start_route_step(self, path: Optional[str], cr: float) -> tuple[bool, bool]:
+        """Note that a step on the route (not a span step) starts on ``path`` at ``cr``;
+        ``(cold, exploring)``. ``exploring``: the step runs on the path the router did not
+        choose (:meth:`_explore`). ``cold``: the path's first step in this process, or its
+        first at another k since the last. Horovod then negotiates the step's names again
+        (its response cache holds one shape per name), which costs about one more round trip
+        of the slowest collective. On 100 Mbit/s, 5 ms one way, N = 4, the first step at each
+        new CR of Adaptive took 60-120 ms more than the steps after it
+        (docs/performance/runs/static_9a87501), and in the acceptance grid a switch to AR-Topk
+        at 0.1 ms one way measured 103 ms on a path that takes 23 ms: fed to the fit, it sent
+        the route straight back. :meth:`observe_step` keeps a cold step's timings out of the
+        model (``cold=True``). Pure function of shared state (the route and the CR): every rank
+        returns the same."""
         if path not in PATHS:
-            return False
+            return False, False
         k = k_for(cr, self.numel)
         cold = self.route_ks.get(path) != k
         self.route_ks[path] = k
-        return cold
+        return cold, path != self.router.current
 
     def step_path(self, role: Optional[str]) -> Optional[str]:
         """The path of a step whose span role (from :meth:`step_cr`) is ``role``: the span's path
@@ -464,6 +479,7 @@ class FlexibleController:
             self.predicted_ms["dense"] = dense_ms
             if dense_ms < (1.0 - self.mode.hysteresis) * self.predicted_ms[path]:
                 path = "dense"
+        path = self._explore(path, cr)
         if path != self.path and (decision.switched or "dense" in (path, self.path)):
             if self.path is not None:
                 self.n_switches += 1
@@ -473,6 +489,33 @@ class FlexibleController:
                      f"{self.predicted_ms['dense']:.2f} ms" if "dense" in self.predicted_ms
                      else "not considered")
         self.path = path
+        return path
+
+    def _explore(self, path: str, cr: float) -> str:
+        """The path of the step being decided: ``path`` (the route's choice), or the other
+        sparse path while an exploration runs. One starts at the first decision after a full or
+        drift probe when the path not chosen is predicted within ``mode.explore_within`` of the
+        chosen one: it runs for one step, or two when its names are new at this k (the first is
+        cold, :meth:`start_route_step`), and the route decides again once that warm step's
+        timings have replaced the probe's (:meth:`observe_step`). The router keeps its choice
+        meanwhile (hysteresis stays relative to it; not a switch). Probes time each collective
+        alone on idle ranks; steps run them back to back while other ranks select their top-k:
+        in the acceptance grid the start-up probe predicted AR-Topk 23% slower than its steps
+        (median of 54 cells, 46 of them too slow) and AG-Topk at CR 0.1, 10 ms one way, up to
+        1.7x, and 4 of 54 cells kept the slower path on those predictions."""
+        if self.explore_due and path in PATHS:
+            self.explore_due = False
+            other = PATHS[1 - PATHS.index(path)]
+            if self.predicted_ms[other] <= self.mode.explore_within * self.predicted_ms[path]:
+                warm = self.route_ks.get(other) == k_for(cr, self.numel)
+                self.explore_path, self.explore_left = other, 1 if warm else 2
+                self.n_explorations += 1
+                log.info("hvd_flexcomm: exploring the %s for %d step(s) at cr %g: predicted "
+                         "%.2f ms against %.2f ms on the %s", other, self.explore_left, cr,
+                         self.predicted_ms[other], self.predicted_ms[path], path)
+        if self.explore_left > 0:
+            self.explore_left -= 1
+            return self.explore_path
         return path
 
     def outgoing_control(self, path: str, timings_ms: tuple, announce: bool = False) -> tuple:
@@ -487,7 +530,7 @@ class FlexibleController:
         return tuple(entries)
 
     def observe_step(self, control: list[float], cr: float, role: Optional[str] = None,
-                     cold: bool = False) -> None:
+                     cold: bool = False, exploring: bool = False) -> None:
         """Feed the previous step's timings (``control`` as received in the payload: path code,
         then the first-collective, second-collective and VAR allgather ms, each the minimum over
         ranks) to the fits and the drift detector. ``role``: the step's role from
@@ -495,7 +538,10 @@ class FlexibleController:
         (:meth:`_close_span`) and never reach the drift detector, a ``"cold"`` one's are not
         timed into anything (both count in the measured communication). ``cold``: a route step
         that negotiated its names afresh (:meth:`start_route_step`): counted in the measured
-        communication, kept out of the fits and the drift detector."""
+        communication, kept out of the fits and the drift detector. ``exploring``: a step on the
+        path the router did not choose (:meth:`_explore`): its timings replace what the probes
+        timed at its sizes (the first time since those probes) and do not reach the drift
+        detector, which judges the route's path."""
         code = float(control[PATH_SLOT])
         t1, t2, t_var = (float(control[slot]) for slot in TIMING_SLOTS)
         path = _PATH_OF_CODE.get(code)
@@ -521,7 +567,14 @@ class FlexibleController:
                       "(predicted %.2f ms) kept out of the model", path, cr, measured, predicted)
             return
         for kind, nbytes, ms in samples:
+            if exploring and (kind, nbytes) not in self.stepped_sizes:
+                self.model.fits[kind].drop_size(nbytes)
+                self.stepped_sizes.add((kind, nbytes))
             self.model.observe(kind, nbytes, ms)
+        if exploring:
+            log.info("hvd_flexcomm: exploring step on the %s at cr %g: %.2f ms (predicted %.2f ms)",
+                     path, cr, measured, predicted)
+            return
         self.recent_steps.append(samples)
         if (path, k) != self.drift_key:
             self.drift.clear_history()  # another path or size: its timings have their own range

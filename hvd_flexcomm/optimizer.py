@@ -95,7 +95,9 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_role: Optional[str] = None  # this step's span role (FlexibleController.step_cr)
         self._flex_sent_role: Optional[str] = None  # the same for the step of _flex_sent_cr
         self._flex_cold = False  # this step negotiates its route names afresh (start_route_step)
-        self._flex_sent_cold = False  # the same for the step of _flex_sent_cr
+        self._flex_exploring = False  # this step runs the path the router did not choose
+        self._flex_sent_cold = False  # the same two for the step of _flex_sent_cr
+        self._flex_sent_exploring = False
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
         self._flex_announce_flag = False  # Adaptive: rank 0's announce flag, as last received
         self._flex_probe_ms = 0.0  # probing time spent in the current step
@@ -257,7 +259,7 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_probe_ms = 0.0
         self._flex_probe_kind = None
         self._flex_role = None
-        self._flex_cold = False
+        self._flex_cold = self._flex_exploring = False
         sync_start = time.perf_counter()
         self._flex_other_ms = (None if self._flex_sync_end is None
                                else 1e3 * (sync_start - self._flex_sync_end))
@@ -323,8 +325,9 @@ class _FlexMethods(torch.optim.Optimizer):
             self._flex_routed_cr = cr
         # Adaptive: a span step runs at the far end of the candidates, on the path decided for cr
         self._flex_cr, self._flex_role = ctrl.step_cr(self._flex_step, cr)
-        self._flex_cold = (self._flex_role is None
-                           and ctrl.start_route_step(self._flex_path(), self._flex_cr))
+        self._flex_cold, self._flex_exploring = (
+            ctrl.start_route_step(self._flex_path(), self._flex_cr) if self._flex_role is None
+            else (False, False))
 
     def _flex_after_step(self, outcomes: list[MessageOutcome]) -> None:
         """Flexible: learn from the previous step's timings (minima over ranks, received in this
@@ -338,19 +341,20 @@ class _FlexMethods(torch.optim.Optimizer):
         if received and self._flex_sent_cr is not None:
             # the previous step, at its CR and span role
             ctrl.observe_step(received, self._flex_sent_cr, self._flex_sent_role,
-                              cold=self._flex_sent_cold)
+                              cold=self._flex_sent_cold, exploring=self._flex_sent_exploring)
         adaptive = self._flex_adaptive
         if received:
             self._flex_announce_flag = received[ANNOUNCE_SLOT] > 0.5
         self._flex_control = ctrl.outgoing_control(
             path, timings, announce=adaptive is not None and adaptive.announce_ready())
         self._flex_sent_cr, self._flex_sent_role = self._flex_cr, self._flex_role
-        self._flex_sent_cold = self._flex_cold
+        self._flex_sent_cold, self._flex_sent_exploring = self._flex_cold, self._flex_exploring
         self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
         self.last_stats["probe_ms"] = self._flex_probe_ms
         self.last_stats["probe_kind"] = self._flex_probe_kind
         self.last_stats["cold"] = self._flex_cold
+        self.last_stats["exploring"] = self._flex_exploring
         if not ctrl.probe_due:
             ctrl.decide(self._flex_step + 1, cr)
             self._flex_routed_cr = cr

@@ -517,3 +517,15 @@ def test_keep_sizes_drops_the_other_sizes_and_keeps_the_learned_slope():
     assert fit.b_ms_per_byte == pytest.approx(0.01)  # one size left: the learned slope holds
     fit.add(1000.0, 5.6)  # a new measurement at the far end re-learns it: 1.6 + 0.004 x
     assert fit.b_ms_per_byte == pytest.approx(0.004, rel=1e-6)
+
+
+def test_drop_size_forgets_one_size_and_keeps_the_learned_slope():
+    fit = LinearCostFit()
+    fit.extend([(1000, 2.0), (1000, 2.0), (8000, 9.0), (8000, 9.0)])  # a = 1, b = 1e-3
+    assert fit.b_ms_per_byte == pytest.approx(1e-3)
+    fit.drop_size(8000)
+    assert fit.n_sizes == 1 and fit.n_samples == 2
+    fit.add(8000, 5.0)  # a real step at the dropped size: the line runs through it alone
+    assert fit.predict_ms(8000) == pytest.approx(5.0)
+    fit.drop_size(123)  # no sample there: nothing changes
+    assert fit.n_samples == 3

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from hvd_flexcomm import Flexible
+from hvd_flexcomm import Adaptive, Flexible
 from hvd_flexcomm.flexible import PATH_CODES, FlexibleController
 
 NUMEL = 1_000_000
@@ -165,7 +165,8 @@ def test_step_timings_refit_the_path_in_use_and_a_slow_allreduce_fires_drift():
 
 
 def test_hysteresis_keeps_path_on_near_ties():
-    ctrl = FlexibleController(Flexible(cr=0.01, hysteresis=0.2), world_size=2, numel=NUMEL)
+    mode = Flexible(cr=0.01, hysteresis=0.2, explore_within=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-6, fixed_ms=0.0)
     first = ctrl.decide(0, 0.01)
     for step in range(1, 20):
@@ -724,14 +725,14 @@ def test_a_route_step_is_cold_on_its_names_first_use_at_a_size():
     """Horovod negotiates a name afresh on its first use and on a new shape: a path's first step,
     and its first at another k; a return to a path at the k it last ran at is warm."""
     ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
-    assert ctrl.start_route_step("allgather", 0.01)
-    assert not ctrl.start_route_step("allgather", 0.01)
-    assert ctrl.start_route_step("allreduce", 0.01)
-    assert not ctrl.start_route_step("allgather", 0.01)  # its names kept their shape
-    assert ctrl.start_route_step("allgather", 0.02)
-    assert ctrl.start_route_step("allgather", 0.01)  # the shape changed in between
-    assert not ctrl.start_route_step("dense", 0.01)  # one size only, never fitted
-    assert not ctrl.start_route_step(None, 0.01)
+    assert ctrl.start_route_step("allgather", 0.01)[0]
+    assert not ctrl.start_route_step("allgather", 0.01)[0]
+    assert ctrl.start_route_step("allreduce", 0.01)[0]
+    assert not ctrl.start_route_step("allgather", 0.01)[0]  # its names kept their shape
+    assert ctrl.start_route_step("allgather", 0.02)[0]
+    assert ctrl.start_route_step("allgather", 0.01)[0]  # the shape changed in between
+    assert not ctrl.start_route_step("dense", 0.01)[0]  # one size only, never fitted
+    assert not ctrl.start_route_step(None, 0.01)[0]
 
 
 @pytest.mark.parametrize("cold", [True, False])
@@ -741,7 +742,8 @@ def test_a_cold_step_stays_out_of_the_model(cold):
     (with the probe's noisy timings at that size) sent the route straight back. Kept out, the
     route stays and the fits and the drift detector see only warm steps (the measured
     communication still counts it). ``cold=False`` shows the step moving the fit."""
-    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0)
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
+                    explore_within=0)
     ctrl = FlexibleController(mode, world_size=4, numel=NUMEL)
     plan, repeats, what = ctrl.probe_plan(0, 0.01)
     sizes = ctrl.payload_bytes(10_000)
@@ -752,17 +754,17 @@ def test_a_cold_step_stays_out_of_the_model(cold):
         results += [(kind, nbytes, f * ms) for f in spread]
     ctrl.after_probe(0, results, what, spent_ms=5.0)
     assert ctrl.decide(0, 0.01) == "allgather"
-    assert ctrl.start_route_step("allgather", 0.01)  # step 0: cold, as every first step
+    assert ctrl.start_route_step("allgather", 0.01)[0]  # step 0: cold, as every first step
     ag_ms = ctrl.predicted_ms["allgather"]
     ctrl.observe_step([PATH_CODES["allgather"], 5 * ag_ms, 0.0, 0.0], 0.01, cold=True)
     assert ctrl.model.fits["allgather"].n_samples == 2 * repeats  # the probe's only
     step = 1
     while ctrl.decide(step, 0.01) == "allgather":  # the allgather runs slower than predicted
-        assert not ctrl.start_route_step("allgather", 0.01)
+        assert not ctrl.start_route_step("allgather", 0.01)[0]
         ctrl.observe_step([PATH_CODES["allgather"], 1.3 * ag_ms, 0.0, 0.0], 0.01)
         step += 1
         assert step < 20 and not ctrl.probe_due
-    assert ctrl.start_route_step("allreduce", 0.01)  # the switch: the allreduce's first step
+    assert ctrl.start_route_step("allreduce", 0.01)[0]  # the switch: the allreduce's first step
     bcast_ms = ctrl.model.predict_ms("broadcast", sizes["broadcast"])
     ar_ms = ctrl.model.predict_ms("allreduce", sizes["allreduce"])
     n_ar, comm_before = ctrl.model.fits["allreduce"].n_samples, ctrl.step_comm_ms_total
@@ -777,3 +779,74 @@ def test_a_cold_step_stays_out_of_the_model(cold):
         assert ctrl.model.fits["allreduce"].n_samples == n_ar + 1 and ctrl.n_cold_steps == 1
         ctrl.decide(step + 1, 0.01)
         assert ctrl.predicted_ms["allreduce"] > 1.15 * (bcast_ms + ar_ms)
+
+
+def _route_steps(ctrl, steps, warm_ms, cr=0.01, cold_factor=4.0):
+    """Route steps as the optimizer runs them: the step's path (decided at the end of the step
+    before, or now after a probe), its start, then the timings of the step before (they ride in
+    this step's payload) and the next decision. ``warm_ms(path)``: (first, second) collective ms
+    of a warm step; a cold one takes ``cold_factor`` times that. Returns the paths and the
+    exploring flags, per step."""
+    paths, flags, sent, path = [], [], None, None
+    for step in steps:
+        if path is None:
+            path = ctrl.decide(step, cr)
+        cold, exploring = ctrl.start_route_step(path, cr)
+        t1, t2 = warm_ms(path)
+        factor = cold_factor if cold else 1.0
+        if sent is not None:
+            ctrl.observe_step(sent[0], cr, cold=sent[1], exploring=sent[2])
+        sent = ([PATH_CODES[path], factor * t1, factor * t2, 0.0], cold, exploring)
+        paths.append(path)
+        flags.append(exploring)
+        path = ctrl.decide(step + 1, cr)
+    return paths, flags
+
+
+@pytest.mark.parametrize("probe_factor, explores", [(1.5, True), (3.0, False)])
+def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, explores):
+    """The start-up probe times AR-Topk ``probe_factor`` times slower than its steps run (the
+    grid's probes over-predicted it by 23% in the median cell, up to 2.3x). Within
+    ``explore_within`` (2) of the chosen allgather, the allreduce runs for a cold and a warm
+    step, the warm step's timings replace the probe's at that size, and the route moves to the
+    allreduce, which is faster; beyond it, the route never looks."""
+    ctrl = FlexibleController(Flexible(cr=0.01, reprobe_interval=0), world_size=4, numel=NUMEL)
+    ar_true = 0.75e-6  # ms per byte of the allreduce path's steps; the allgather: 1e-6
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=probe_factor * ar_true,
+           fixed_ms=0.0)
+    sizes = ctrl.payload_bytes(10_000)
+
+    def warm_ms(path):
+        if path == "allgather":
+            return 1e-6 * sizes["allgather"], 0.0
+        return ar_true * sizes["broadcast"], ar_true * sizes["allreduce"]
+
+    paths, exploring = _route_steps(ctrl, range(12), warm_ms)
+    if not explores:
+        assert paths == ["allgather"] * 12 and not any(exploring)
+        assert ctrl.n_explorations == 0
+        return
+    # steps 0-1 explore (cold, then warm), step 2 runs the route's choice, whose first step it
+    # is; the warm exploring step's timings arrive after step 2 and move the route at step 3
+    assert paths[:3] == ["allreduce", "allreduce", "allgather"], paths
+    assert exploring[:3] == [True, True, False] and not any(exploring[3:])
+    assert paths[3:] == ["allreduce"] * 9, paths
+    assert ctrl.n_explorations == 1 and ctrl.router.current == "allreduce"
+    assert ctrl.predicted_ms["allreduce"] == pytest.approx(sum(warm_ms("allreduce")))
+    assert not ctrl.probe_due  # the exploring steps did not reach the drift detector
+
+
+def test_exploring_follows_full_and_drift_probes_of_flexible_only():
+    ctrl = FlexibleController(Flexible(cr=0.01, reprobe_interval=0), world_size=4, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1.1e-6, fixed_ms=0.0)
+    assert ctrl.explore_due
+    ctrl.drift_probe_due = True
+    _probe(ctrl, 5, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1.1e-6, fixed_ms=0.0)
+    assert ctrl.explore_due  # a drift probe times the path not in use again
+    adaptive = FlexibleController(Adaptive(), world_size=4, numel=NUMEL)
+    adaptive.probe_crs = (0.1, 0.001)
+    _probe(adaptive, 0, 0.1, ag_ms_per_byte=1e-6, ar_ms_per_byte=1.1e-6, fixed_ms=0.0)
+    assert not adaptive.explore_due  # its spans measure real steps
+    off = FlexibleController(Flexible(cr=0.01, explore_within=0), world_size=4, numel=NUMEL)
+    _probe(off, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1.1e-6, fixed_ms=0.0)
+    assert not off.explore_due
