@@ -131,6 +131,7 @@ class Job:
             out["predicted_ms"] = st["predicted_ms"]
             out["probe_ms"] = st.get("probe_ms", 0.0)
             out["probe_kind"] = st.get("probe_kind")
+            out["cold"], out["exploring"] = st.get("cold"), st.get("exploring")
         return out
 
 
