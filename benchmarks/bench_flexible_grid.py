@@ -113,6 +113,11 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "pred0_ar_ms": pred0.get("allreduce", float("nan")),
         "err0_ag": abs(pred0.get("allgather", float("nan")) - ag) / ag,
         "err0_ar": abs(pred0.get("allreduce", float("nan")) - ar_net) / ar_net,
+        # signed: the start-up probe's prediction as a multiple of the path's measured steps
+        "bias0_ag": pred0.get("allgather", float("nan")) / ag,
+        "bias0_ar": pred0.get("allreduce", float("nan")) / ar_net,
+        # Flexible ran a step on the path its router had not chosen (recorded since 32e235e)
+        "explored": any(s.get("exploring") for s in rec["warmup"]["flex"] + timed["flex"]),
         "flex_ratio": fl / min(ag, ar), "flex_ok": fl <= TARGET_RATIO * min(ag, ar),
         "choice_is_best": choice == best,
         # routing quality without Flexible's own (noisy) run: the measured time of the path it
@@ -134,13 +139,16 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
 def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {}
-    med = {key: _median([r[key] for r in rows]) for key in ("err_ag", "err_ar", "err0_ag", "err0_ar")}
+    med = {key: _median([r.get(key, float("nan")) for r in rows])
+           for key in ("err_ag", "err_ar", "err0_ag", "err0_ar", "bias0_ag", "bias0_ar")}
     ok = sum(1 for r in rows if r["flex_ok"])
     same = [r["same_path_ratio"] for r in rows if r["same_path_ratio"] is not None]
     return {
         "cells": len(rows),
         "median_err_ag": med["err_ag"], "median_err_ar": med["err_ar"],
         "median_err0_ag": med["err0_ag"], "median_err0_ar": med["err0_ar"],
+        "median_bias0_ag": med["bias0_ag"], "median_bias0_ar": med["bias0_ar"],
+        "explored_cells": sum(1 for r in rows if r.get("explored")),
         "err_target": TARGET_ERR,
         "err_met": med["err_ag"] <= TARGET_ERR and med["err_ar"] <= TARGET_ERR,
         "flex_within_5pct": ok, "flex_within_5pct_share": ok / len(rows),
@@ -212,7 +220,12 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
         f"- median |pred - measured| / measured: AG {100 * acc['median_err_ag']:.1f}%, AR "
         f"{100 * acc['median_err_ar']:.1f}% (target <= {100 * acc['err_target']:.0f}% each: "
         f"{yes[acc['err_met']]}); right after start-up calibration: AG "
-        f"{100 * acc['median_err0_ag']:.1f}%, AR {100 * acc['median_err0_ar']:.1f}%",
+        f"{100 * acc['median_err0_ag']:.1f}%, AR {100 * acc['median_err0_ar']:.1f}%"
+        + (f" (as a multiple of the measured steps, median: AG {acc['median_bias0_ag']:.2f}, "
+           f"AR {acc['median_bias0_ar']:.2f})" if math.isfinite(acc.get("median_bias0_ag", math.nan))
+           else ""),
+        f"- Flexible explored the path its router had not chosen (a step or two after the start-up "
+        f"probe) in {acc.get('explored_cells', 0)} of {acc['cells']} cells",
         f"- Flexible <= 1.05 x min(AG, AR): {acc['flex_within_5pct']}/{acc['cells']} cells = "
         f"{100 * acc['flex_within_5pct_share']:.0f}% (target >= {100 * acc['share_target']:.0f}%: "
         f"{yes[acc['share_met']]}); median ratio {acc['median_flex_ratio']:.2f}",
