@@ -162,14 +162,16 @@ class FlexibleController:
         self.route_ks: dict[str, int] = {}
         self.n_cold_steps = 0
         # Exploration (Flexible, ``mode.explore_within``): after a full or drift probe the path
-        # not chosen runs for a step or two when it is predicted close (see :meth:`decide`):
-        # whether one is due, the path it runs on, its route steps left, and how many ran.
+        # not chosen runs for a step or two when it is predicted close (see :meth:`_explore`):
+        # whether one is due, the chosen path's steps still to run before it (None: not counted
+        # yet), the path it runs on, its route steps left, and how many ran.
         self.explore_due = False
+        self.explore_wait: Optional[int] = None
         self.explore_path: Optional[str] = None
         self.explore_left = 0
         self.n_explorations = 0
-        #: (kind, bytes) at which an exploring step's timings have replaced the probe's
-        #: (:meth:`observe_step`); forgotten where a probe times that kind again
+        #: (kind, bytes) at which a warm route step's timings have replaced the probe's (Flexible,
+        #: :meth:`observe_step`); forgotten where a probe times that kind again
         self.stepped_sizes: set = set()
 
     # -- sizes -----------------------------------------------------------------------------------
@@ -297,6 +299,8 @@ class FlexibleController:
         for coll, nbytes, ms in results:
             self.model.observe(coll, nbytes, ms)
         self.stepped_sizes = {(coll, size) for coll, size in self.stepped_sizes if coll not in probed}
+        if kind == "drift":  # the path in use rests on real steps (its recent ones) again
+            self.stepped_sizes |= {(coll, int(nbytes)) for coll, nbytes, _ in recent}
         self.last_probe_step = step
         self.probe_ms_total += spent_ms
         if kind == "refresh":
@@ -319,7 +323,7 @@ class FlexibleController:
         self.drift.reset()
         self.router.reset()  # re-decide from scratch on a recalibrated model
         self.explore_due = not self.probe_crs and self.mode.explore_within > 0
-        self.explore_left = 0
+        self.explore_wait, self.explore_left = None, 0
         self._end_span()  # a span under way measured the model this probe replaced
         self.span_off_side = None  # and an off span before it, too
 
@@ -493,22 +497,30 @@ class FlexibleController:
 
     def _explore(self, path: str, cr: float) -> str:
         """The path of the step being decided: ``path`` (the route's choice), or the other
-        sparse path while an exploration runs. One starts at the first decision after a full or
-        drift probe when the path not chosen is predicted within ``mode.explore_within`` of the
-        chosen one: it runs for one step, or two when its names are new at this k (the first is
-        cold, :meth:`start_route_step`), and the route decides again once that warm step's
-        timings have replaced the probe's (:meth:`observe_step`). The router keeps its choice
-        meanwhile (hysteresis stays relative to it; not a switch). Probes time each collective
-        alone on idle ranks; steps run them back to back while other ranks select their top-k:
-        in the acceptance grid the start-up probe predicted AR-Topk 23% slower than its steps
-        (median of 54 cells, 46 of them too slow) and AG-Topk at CR 0.1, 10 ms one way, up to
-        1.7x, and 4 of 54 cells kept the slower path on those predictions."""
+        sparse path while an exploration runs. After a full or drift probe the chosen path runs
+        until one of its steps is warm (its names known to Horovod at this k); then, when the
+        path not chosen is predicted within ``mode.explore_within`` of it, that path runs for
+        one step, or two when its names are new at this k (the first is cold,
+        :meth:`start_route_step`). The first warm step of each path replaces what the probe
+        timed at its sizes (:meth:`observe_step`), so once the explored step's timings arrive
+        the router compares two real steps, not a step with a probe. The router keeps its
+        choice meanwhile (hysteresis stays relative to it; not a switch). Probes time each
+        collective alone on idle ranks; steps run them back to back while other ranks select
+        their top-k: in the acceptance grid the start-up probe predicted AR-Topk 23% slower than
+        its steps (median of 54 cells, 46 of them too slow) and AG-Topk at CR 0.1, 10 ms one
+        way, up to 1.7x, and 4 of 54 cells kept the slower path on those predictions."""
         if self.explore_due and path in PATHS:
-            self.explore_due = False
+            k = k_for(cr, self.numel)
+            if self.explore_wait is None:
+                self.explore_wait = 1 if self.route_ks.get(path) == k else 2
+            if self.explore_wait > 0:
+                self.explore_wait -= 1
+                return path
+            self.explore_due, self.explore_wait = False, None
             other = PATHS[1 - PATHS.index(path)]
             if self.predicted_ms[other] <= self.mode.explore_within * self.predicted_ms[path]:
-                warm = self.route_ks.get(other) == k_for(cr, self.numel)
-                self.explore_path, self.explore_left = other, 1 if warm else 2
+                self.explore_path = other
+                self.explore_left = 1 if self.route_ks.get(other) == k else 2
                 self.n_explorations += 1
                 log.info("hvd_flexcomm: exploring the %s for %d step(s) at cr %g: predicted "
                          "%.2f ms against %.2f ms on the %s", other, self.explore_left, cr,
@@ -539,9 +551,12 @@ class FlexibleController:
         timed into anything (both count in the measured communication). ``cold``: a route step
         that negotiated its names afresh (:meth:`start_route_step`): counted in the measured
         communication, kept out of the fits and the drift detector. ``exploring``: a step on the
-        path the router did not choose (:meth:`_explore`): its timings replace what the probes
-        timed at its sizes (the first time since those probes) and do not reach the drift
-        detector, which judges the route's path."""
+        path the router did not choose (:meth:`_explore`): its timings do not reach the drift
+        detector, which judges the route's path. Under Flexible (a fixed CR) the first warm
+        route step of each kind and size since a probe timed it replaces the probe's timings
+        there (probes run each collective alone, on idle ranks, and in the acceptance grid
+        over-predicted AR-Topk's steps by 23%, median of 54 cells): the line then runs through
+        real steps at the size in use and the probe's other size."""
         code = float(control[PATH_SLOT])
         t1, t2, t_var = (float(control[slot]) for slot in TIMING_SLOTS)
         path = _PATH_OF_CODE.get(code)
@@ -567,7 +582,7 @@ class FlexibleController:
                       "(predicted %.2f ms) kept out of the model", path, cr, measured, predicted)
             return
         for kind, nbytes, ms in samples:
-            if exploring and (kind, nbytes) not in self.stepped_sizes:
+            if not self.probe_crs and (kind, nbytes) not in self.stepped_sizes:
                 self.model.fits[kind].drop_size(nbytes)
                 self.stepped_sizes.add((kind, nbytes))
             self.model.observe(kind, nbytes, ms)
