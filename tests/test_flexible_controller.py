@@ -11,12 +11,15 @@ from hvd_flexcomm.flexible import PATH_CODES, FlexibleController
 NUMEL = 1_000_000
 
 
-def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0):
+def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0, spread=None):
+    """Run the due probe on a linear network; ``spread(kind, nbytes)``: one factor per repeat
+    on that size's timing (default: every repeat times the line exactly)."""
     plan, repeats, what = ctrl.probe_plan(step, cr)
     results = []
     for kind, nbytes in plan:
         slope = ag_ms_per_byte if kind == "allgather" else ar_ms_per_byte
-        results += [(kind, nbytes, fixed_ms + slope * nbytes)] * repeats
+        factors = spread(kind, nbytes) if spread is not None else (1.0,) * repeats
+        results += [(kind, nbytes, f * (fixed_ms + slope * nbytes)) for f in factors]
     ctrl.after_probe(step, results, what, spent_ms=5.0)
     return plan, what
 
@@ -746,14 +749,13 @@ def test_a_cold_step_stays_out_of_the_model(cold):
     mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
                     explore_within=0)
     ctrl = FlexibleController(mode, world_size=4, numel=NUMEL)
-    plan, repeats, what = ctrl.probe_plan(0, 0.01)
     sizes = ctrl.payload_bytes(10_000)
-    results = []
-    for kind, nbytes in plan:  # the probe's two timings of the allreduce kinds at k: 0.6x, 1.4x
-        ms = (1e-6 if kind == "allgather" else 1.1e-6) * nbytes
-        spread = (0.6, 1.4) if kind != "allgather" and nbytes == sizes[kind] else (1.0, 1.0)
-        results += [(kind, nbytes, f * ms) for f in spread]
-    ctrl.after_probe(0, results, what, spent_ms=5.0)
+    repeats = mode.probe_repeats
+
+    def spread(kind, nbytes):  # the probe's two timings of the allreduce kinds at k: 0.6x, 1.4x
+        return (0.6, 1.4) if kind != "allgather" and nbytes == sizes[kind] else (1.0, 1.0)
+
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1.1e-6, fixed_ms=0.0, spread=spread)
     assert ctrl.decide(0, 0.01) == "allgather"
     assert ctrl.start_route_step("allgather", 0.01)[0]  # step 0: cold, as every first step
     ag_ms = ctrl.predicted_ms["allgather"]
