@@ -8,8 +8,10 @@
 - ``{"kind": "grid", ...}``: for each network of ``networks`` (in order), wait until the parent
   has applied it, then for each ``cr`` of ``crs`` measure AG-Topk (``AGTopk(cr)``), AR-Topk
   (``ARTopk(cr, selector="star")``) and a freshly built ``Flexible(cr)`` (start-up calibration on
-  this network): ``warmup`` untimed steps each, then ``steps`` timed steps, interleaved (one step of
-  each method per round) so that machine noise hits every method alike. One record per cell.
+  this network): ``warmup`` untimed steps each (Flexible's go on until its start-up calibration is
+  over, at most ``settle_max``, default 6, more: :func:`warm_up_flexible`), then ``steps`` timed
+  steps, interleaved (one step of each method per round) so that machine noise hits every method
+  alike. One record per cell.
 - ``{"kind": "change", ...}``: one ``Flexible`` optimizer (``Adaptive`` with
   ``"adaptive_options"``) runs ``steps`` steps; before step ``s`` of ``changes`` (a list of
   ``[s, network index]``) rank 0 asks the parent to apply that network, and every rank waits
@@ -135,6 +137,30 @@ class Job:
         return out
 
 
+def starting_up(opt, last: dict) -> bool:
+    """True while Flexible's start-up calibration is still under way after the step whose record
+    is ``last``: that step was cold (a path's first use) or exploring, or an exploration of the
+    path not chosen is still due (``FlexibleController.explore_due`` / ``explore_left``)."""
+    ctrl = getattr(opt, "_flex_controller", None)
+    if ctrl is None:
+        return False
+    return bool(last.get("cold") or last.get("exploring") or ctrl.explore_due
+                or ctrl.explore_left > 0)
+
+
+def warm_up_flexible(job: Job, param, opt, warmup: int, settle_max: int) -> list[dict]:
+    """Flexible's untimed steps: at least ``warmup``, then on until its start-up calibration is
+    over (the start-up probe, the chosen path's first steps, the exploring steps: see
+    :func:`starting_up`), at most ``settle_max`` more. Its timed steps are then its steady state;
+    the start-up's cost is in these records (``probe_ms`` of the first, each step's ``net_ms``)
+    and reported by the grid separately."""
+    steps = [job.step(param, opt) for _ in range(warmup)]
+    while settle_max > 0 and steps and starting_up(opt, steps[-1]):
+        steps.append(job.step(param, opt))
+        settle_max -= 1
+    return steps
+
+
 def run_grid(job: Job) -> None:
     plan = job.plan
     crs = [float(c) for c in plan["crs"]]
@@ -152,7 +178,9 @@ def run_grid(job: Job) -> None:
             t_cell = time.perf_counter()
             setups = {"ag": fixed[("ag", cr)], "ar": fixed[("ar", cr)],
                       "flex": job.make(flexible_mode(plan, cr))}
-            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in METHODS}
+            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in ("ag", "ar")}
+            warm["flex"] = warm_up_flexible(job, *setups["flex"], warmup,
+                                            int(plan.get("settle_max", 6)))
             timed: dict = {m: [] for m in METHODS}
             for r in range(steps):
                 order = METHODS if r % 2 == 0 else METHODS[::-1]
@@ -169,6 +197,7 @@ def run_grid(job: Job) -> None:
                 "flex_drift_probes": getattr(ctrl, "n_drift_probes", None),
                 "cell_s": time.perf_counter() - t_cell,
             }
+            record["flex_startup_steps"] = len(warm["flex"])
             job.emit(record)
             del setups, flex_opt, ctrl
             gc.collect()
