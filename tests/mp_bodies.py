@@ -295,6 +295,49 @@ def odd_parameters(kind: str) -> dict:
     }
 
 
+def two_optimizers_one_backward(kind: str = "ag", cr: float = 0.05, steps: int = 4) -> dict:
+    """A backbone's and a head's parameters under two top-k optimizers (their own learning
+    rates, the usual reason), buckets sent during one backward pass: both optimizers' messages
+    are in flight together. Every step, each message's aggregate is compared with the reference
+    of its own error-fed gradients."""
+    import horovod.torch as hvd
+
+    n, rank = hvd.size(), hvd.rank()
+    model = _model()
+    named = list(model.named_parameters())
+    parts = {"backbone": named[:4], "head": named[4:]}
+    opts = {part: hvd_flexcomm.DistributedOptimizer(
+        torch.optim.SGD([p for _, p in params], lr=0.05), named_parameters=params,
+        compression=_mode(kind, cr, "bucket", bucket_cap_mb=0.02))
+        for part, params in parts.items()}
+    messages = [(part, m) for part, opt in opts.items() for m in opt._flex_messages]
+    ref_res = [torch.zeros(n, m.numel) for _, m in messages]
+    max_err = 0.0
+    for step in range(steps):
+        for opt in opts.values():
+            opt.zero_grad()
+        x, y = _batch(step, rank)
+        # the raw gradients, gathered before the optimizers' own collectives complete
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        expected = []
+        for i, (_, m) in enumerate(messages):
+            raw = hvd.allgather(_flat(m.params).unsqueeze(0), name=f"two.raw.{step}.{i}")
+            total, ref_res[i], _ = _reference_step(kind, raw + ref_res[i],
+                                                   hvd_flexcomm.k_for(cr, m.numel), step)
+            expected.append(total / n)
+        for opt in opts.values():
+            opt.synchronize()
+        for i, (_, m) in enumerate(messages):
+            max_err = max(max_err, float((_flat(m.params) - expected[i]).abs().max()))
+        for opt in opts.values():
+            with opt.skip_synchronize():
+                opt.step()
+    return {"max_err": max_err, "messages": {part: len(opt._flex_messages)
+                                             for part, opt in opts.items()},
+            "names_distinct": len({m.name for _, m in messages}) == len(messages),
+            "params_agree": _params_agree(model)}
+
+
 def _params_agree(model: torch.nn.Module) -> bool:
     import horovod.torch as hvd
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hvd_flexcomm.messages import build_messages
+from hvd_flexcomm.messages import build_messages, message_tag
 
 
 def _params():
@@ -26,7 +26,27 @@ def test_bucket_granularity_reverses_and_caps():
     assert msgs[0].params[0] is params[-1]  # backward order
     assert all(m.nbytes() <= 4 * 620 or len(m.params) == 1 for m in msgs)
     assert sum(m.numel for m in msgs) == sum(p.numel() for p in params)
-    assert [m.name for m in msgs] == [f"hvd_flexcomm.msg{i}" for i in range(len(msgs))]
+    assert [m.key for m in msgs] == [f"hvd_flexcomm.msg{i}" for i in range(len(msgs))]
+    assert all(m.name.startswith(m.key + ".") and len(m.name) == len(m.key) + 9 for m in msgs)
+
+
+def test_message_names_differ_between_parameter_sets_and_agree_across_builds():
+    """Two optimizers of one process (a backbone's and a head's) must not share collective
+    names; two ranks building the same model must."""
+    params = _params()
+    names = {p: f"layer.{i}" for i, p in enumerate(params)}
+    backbone = build_messages(params[:4], "model", 0, names=names)
+    head = build_messages(params[4:], "model", 0, names=names)
+    again = build_messages(params[:4], "model", 0, names=dict(names))
+    assert backbone[0].key == head[0].key == "hvd_flexcomm.msg0"  # checkpoint keys as before
+    assert backbone[0].name != head[0].name
+    assert backbone[0].name == again[0].name
+    renamed = build_messages(params[:4], "model", 0, names={p: "x." + n for p, n in names.items()})
+    assert renamed[0].name != backbone[0].name
+    # without names the shapes alone tag the message: still different here
+    assert build_messages(params[:4], "model", 0)[0].name != build_messages(params[4:], "model",
+                                                                             0)[0].name
+    assert message_tag(params[:2], names) == message_tag(list(params[:2]), dict(names))
 
 
 def test_flat_grads_and_write_back():

@@ -81,6 +81,16 @@ def test_frozen_unused_sparse_and_clipping(kind):
                      "params_equal_across_ranks": True}
 
 
+@pytest.mark.parametrize("kind", ["ag", "star"])
+def test_two_top_k_optimizers_in_one_process(kind):
+    """Two optimizers (backbone and head) whose buckets are in flight together: their collective
+    names differ (before, both used ``hvd_flexcomm.msg<i>``), and each aggregate is right."""
+    for r in run_parallel("tests.mp_bodies:two_optimizers_one_backward", np=2, kind=kind):
+        assert r["messages"]["backbone"] > 1 and r["messages"]["head"] >= 1, r
+        assert r["names_distinct"] and r["params_agree"], r
+        assert r["max_err"] < 1e-5, r
+
+
 @pytest.mark.parametrize("kind", ["ag", "star", "var"])
 def test_nonfinite_gradient_skips_step_on_every_rank(kind):
     for r in run_parallel("tests.mp_bodies:nonfinite_step_is_skipped", np=2, kind=kind):
