@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Iterable
 from contextlib import contextmanager  # noqa: F401  (re-exported behaviour via Horovod's dict)
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -69,6 +69,17 @@ def _as_mode(compression: Any, hvd: Any) -> Any:
     )
 
 
+class _SentStep(NamedTuple):
+    """A step whose timings ride in the next step's payload, as the controller needs it back:
+    its CR (fraction kept), span role (``None``: a route step), and whether it was cold or
+    exploring (:meth:`FlexibleController.start_route_step`)."""
+
+    cr: float
+    role: Optional[str]
+    cold: bool
+    exploring: bool
+
+
 class _FlexMethods(torch.optim.Optimizer):
     """Methods layered over Horovod's ``_DistributedOptimizer`` (see the module docstring)."""
 
@@ -90,14 +101,12 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_adaptive = None  # AdaptiveController, for Adaptive()
         self._flex_cr = getattr(mode, "cr", 1.0)  # the CR of the current step
         self._flex_routed_cr = None  # the CR the current path was decided for
-        self._flex_sent_cr = None  # the CR of the step whose timings ride in _flex_control
         self._flex_base_cr = self._flex_cr  # the CR in use (a span step runs at another one)
         self._flex_role: Optional[str] = None  # this step's span role (FlexibleController.step_cr)
-        self._flex_sent_role: Optional[str] = None  # the same for the step of _flex_sent_cr
         self._flex_cold = False  # this step negotiates its route names afresh (start_route_step)
         self._flex_exploring = False  # this step runs the path the router did not choose
-        self._flex_sent_cold = False  # the same two for the step of _flex_sent_cr
-        self._flex_sent_exploring = False
+        # the step whose timings ride in _flex_control (None: none, or stale after a probe)
+        self._flex_sent: Optional[_SentStep] = None
         self._flex_control: tuple = (0.0,) * CONTROL_SLOTS  # sent with the next step's payload
         self._flex_announce_flag = False  # Adaptive: rank 0's announce flag, as last received
         self._flex_probe_ms = 0.0  # probing time spent in the current step
@@ -191,7 +200,8 @@ class _FlexMethods(torch.optim.Optimizer):
         trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         mode = self._flex_mode
         self._flex_messages = build_messages(trainable, mode.granularity,
-                                             int(mode.bucket_cap_mb * 1024 * 1024))
+                                             int(mode.bucket_cap_mb * 1024 * 1024),
+                                             names=self._parameter_names)
         for msg in self._flex_messages:
             for p in msg.params:
                 self._flex_msg_of[p] = msg
@@ -318,7 +328,7 @@ class _FlexMethods(torch.optim.Optimizer):
                      kind, len(results), spent)
             if kind != "refresh":
                 self._flex_control = (0.0,) * CONTROL_SLOTS  # timings before it are stale
-                self._flex_sent_cr = None
+                self._flex_sent = None
                 ctrl.path = None
         if ctrl.path is None or cr != self._flex_routed_cr:
             ctrl.decide(self._flex_step, cr)
@@ -338,17 +348,18 @@ class _FlexMethods(torch.optim.Optimizer):
         # ranks (sync.py)
         timings = tuple(self.last_stats["timings_ms"])
         received = outcomes[0].control if outcomes and outcomes[0].control else None
-        if received and self._flex_sent_cr is not None:
+        sent = self._flex_sent
+        if received and sent is not None:
             # the previous step, at its CR and span role
-            ctrl.observe_step(received, self._flex_sent_cr, self._flex_sent_role,
-                              cold=self._flex_sent_cold, exploring=self._flex_sent_exploring)
+            ctrl.observe_step(received, sent.cr, sent.role, cold=sent.cold,
+                              exploring=sent.exploring)
         adaptive = self._flex_adaptive
         if received:
             self._flex_announce_flag = received[ANNOUNCE_SLOT] > 0.5
         self._flex_control = ctrl.outgoing_control(
             path, timings, announce=adaptive is not None and adaptive.announce_ready())
-        self._flex_sent_cr, self._flex_sent_role = self._flex_cr, self._flex_role
-        self._flex_sent_cold, self._flex_sent_exploring = self._flex_cold, self._flex_exploring
+        self._flex_sent = _SentStep(self._flex_cr, self._flex_role, self._flex_cold,
+                                    self._flex_exploring)
         self.last_stats["predicted_ms"] = dict(ctrl.predicted_ms)
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
         self.last_stats["probe_ms"] = self._flex_probe_ms
@@ -417,7 +428,7 @@ class _FlexMethods(torch.optim.Optimizer):
             "step": self._flex_step,
             "rank": self.process_set.rank(),
             "size": self.process_set.size(),
-            "residuals": {m.name: m.residual.clone() for m in self._flex_messages},
+            "residuals": {m.key: m.residual.clone() for m in self._flex_messages},
             "flexible": (self._flex_controller.to_dict() if self._flex_controller is not None
                          else None),
             "adaptive": (self._flex_adaptive.to_dict() if self._flex_adaptive is not None
@@ -433,12 +444,12 @@ class _FlexMethods(torch.optim.Optimizer):
         if ours is not None:
             residuals = ours.get("residuals", {})
             for msg in self._flex_messages:
-                saved = residuals.get(msg.name)
+                saved = residuals.get(msg.key)
                 if saved is None:
                     continue
                 if saved.shape != msg.residual.shape or saved.dtype != msg.residual.dtype:
                     raise ValueError(
-                        f"hvd_flexcomm: checkpointed residual {msg.name} has shape "
+                        f"hvd_flexcomm: checkpointed residual {msg.key} has shape "
                         f"{tuple(saved.shape)} {saved.dtype}, this model needs "
                         f"{tuple(msg.residual.shape)} {msg.residual.dtype}")
                 msg.residual = saved.clone()
