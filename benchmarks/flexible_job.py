@@ -12,6 +12,9 @@
   over, at most ``settle_max``, default 6, more: :func:`warm_up_flexible`), then ``steps`` timed
   steps, interleaved (one step of each method per round) so that machine noise hits every method
   alike. One record per cell.
+- ``{"kind": "probe_bias", ...}``: for each network and each ``cr`` of ``crs``, ``rounds``
+  times a probe of each collective kind at the size the steps send, then ``steps`` AG-Topk and
+  AR-Topk steps (:func:`run_probe_bias`; ``bench_probe_bias.py``). One record per cell.
 - ``{"kind": "change", ...}``: one ``Flexible`` optimizer (``Adaptive`` with
   ``"adaptive_options"``) runs ``steps`` steps; before step ``s`` of ``changes`` (a list of
   ``[s, network index]``) rank 0 asks the parent to apply that network, and every rank waits
@@ -209,6 +212,50 @@ def run_grid(job: Job) -> None:
                     f"AR {ar:.1f} ms, Flexible {fl:.1f} ms ({timed['flex'][-1]['collective']})")
 
 
+def collective_ms(job: Job, stats: dict) -> list[float]:
+    """Each collective's minimum time over ranks (ms) of the step whose ``last_stats`` is
+    ``stats``: ``[first, second, VAR]`` as in ``timings_ms`` (untimed allgather)."""
+    mine = torch.tensor([stats["timings_ms"]], dtype=torch.float64)
+    every = hvd.allgather(mine, name="flexible_job.collective_ms")
+    return every.min(dim=0).values.tolist()
+
+
+def run_probe_bias(job: Job) -> None:
+    """For each network and CR: ``rounds`` times, a probe of the three collective kinds at the
+    sizes the steps send (``repeats`` timings each, ``probing.run_probes``), then ``steps``
+    AG-Topk and ``steps`` AR-Topk steps, interleaved. One record per cell with every probe
+    timing and every step's per-collective minimum over ranks: what a start-up probe predicts
+    against what the steps take, collective by collective."""
+    from hvd_flexcomm.flexible import FlexibleController
+    from hvd_flexcomm.probing import run_probes
+
+    plan = job.plan
+    rounds, steps, repeats = int(plan["rounds"]), int(plan["steps"]), int(plan["repeats"])
+    warmed: set = set()
+    for i, _ in enumerate(plan["networks"]):
+        net = job.wait_for_network(i)
+        for cr in [float(c) for c in plan["crs"]]:
+            ag = job.make(hvd_flexcomm.AGTopk(cr=cr))
+            ar = job.make(hvd_flexcomm.ARTopk(cr=cr, selector="star"))
+            ctrl = FlexibleController(hvd_flexcomm.Flexible(cr=cr), job.size, job.numel, 4, 4)
+            sizes = ctrl.payload_bytes(hvd_flexcomm.k_for(cr, job.numel))
+            for setup in (ag, ar, ag, ar):  # the step names are warm before anything is timed
+                job.step(*setup)
+            probes, ag_steps, ar_steps = [], [], []
+            for _ in range(rounds):
+                probes += run_probes(hvd, [(kind, sizes[kind]) for kind in
+                                           ("allgather", "broadcast", "allreduce")],
+                                     repeats, tag="bias", warmed=warmed)
+                for _ in range(steps):
+                    for setup, out in ((ag, ag_steps), (ar, ar_steps)):
+                        job.step(*setup)
+                        out.append(collective_ms(job, setup[1].last_stats))
+            job.emit({"kind": "probe_bias", "network": net, "N": job.size, "cr": cr,
+                      "sizes": sizes, "probes": probes, "ag_steps": ag_steps,
+                      "ar_steps": ar_steps})
+            job.say(f"probe bias: {net.get('label')} cr={cr:g} done")
+
+
 def _solves(opt) -> list[dict]:
     """Adaptive's finished solves on rank 0 (step, reason, inputs including the time outside
     communication the time objective was normalised by, solved CR); [] otherwise."""
@@ -253,6 +300,8 @@ def main() -> int:
         run_grid(job)
     elif plan["kind"] == "change":
         run_change(job)
+    elif plan["kind"] == "probe_bias":
+        run_probe_bias(job)
     else:
         raise ValueError(f"unknown plan kind {plan['kind']!r}")
     return end_job(hvd, ctl, job.say)
