@@ -142,3 +142,30 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     # CR 0.001 in the runs at 03caa85-b65cfd3
     assert row["comm_ms_after"][-1] > 3 * row["comm_ms_before"][-1], report
     assert row["network_moved_pick"] >= 0, report  # computed and reported; see the docstring
+
+
+PROBE_BIAS = os.path.join(REPO, "benchmarks", "bench_probe_bias.py")
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.timeout(200)
+def test_probe_bias_diagnostic_runs_end_to_end(tmp_path):
+    """The probe-vs-step diagnostic on a small gradient: one row per collective kind, each with
+    as many probe timings and step timings as asked for, all positive."""
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "bias"
+    argv = [sys.executable, PROBE_BIAS, "--n", "2", "--numel", "200000", "--latency-ms", "1",
+            "--bandwidth", "inf", "--cr", "0.1", "--rounds", "2", "--steps", "2", "--repeats", "2",
+            "--out", str(out), "--timeout-s", "150"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=190,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rows = json.loads((out / "probe_bias.json").read_text())["rows"]
+    assert [r["kind"] for r in rows] == ["allgather", "broadcast", "allreduce"]
+    for r in rows:
+        assert r["probe_n"] == 4 and r["step_n"] == 4, r  # 2 rounds x 2 timings / 2 steps
+        assert _positive(r["probe_ms"]) and _positive(r["step_ms"]) and _positive(r["ratio"]), r
+    assert "| allreduce |" in (out / "probe_bias.md").read_text()
