@@ -72,13 +72,17 @@ QUICK = {"n": [2], "latency_ms": [0.1, 10.0], "bandwidth": [100.0, None], "cr": 
          "numel": 1_000_000, "warmup": 2, "steps": 4}
 
 
+def _finite(xs: list[float]) -> list[float]:
+    return [x for x in xs if x is not None and math.isfinite(x)]
+
+
 def _mean(xs: list[float]) -> float:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    xs = _finite(xs)
     return statistics.fmean(xs) if xs else float("nan")
 
 
 def _median(xs: list[float]) -> float:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    xs = _finite(xs)
     return statistics.median(xs) if xs else float("nan")
 
 
@@ -143,8 +147,8 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "explored": any(s.get("exploring") for s in rec["warmup"]["flex"] + timed["flex"]),
         # its timed steps on the route alone: neither exploring nor cold (a path's first use)
         "route_ratio": _median([s[key] for s in timed["flex"]
-                                if not s.get("exploring") and not s.get("cold")]) / min(ag, ar),
-        "flex_ratio": fl / min(ag, ar), "flex_ok": fl <= TARGET_RATIO * min(ag, ar),
+                                if not s.get("exploring") and not s.get("cold")]) / best_ms,
+        "flex_ratio": fl / best_ms, "flex_ok": fl <= TARGET_RATIO * best_ms,
         "startup_steps": len(warm_flex), "startup_ms": startup_ms,
         "startup_excess_steps": (startup_ms - len(warm_flex) * best_ms) / best_ms,
         "startup_probe_steps": probe_ms / best_ms,
@@ -159,7 +163,7 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "choice_is_best": choice == best,
         # routing quality without Flexible's own (noisy) run: the measured time of the path it
         # chose, from the AG-Topk / AR-Topk runs, against the better of the two
-        "choice_regret": ref[choice] / min(ag, ar),
+        "choice_regret": ref[choice] / best_ms,
         # noise floor: Flexible on one path throughout vs the fixed-path run of that same path
         "same_path_ratio": fl / ref[choice] if len(choices) == 1 else None,
         # prediction vs Flexible's own measurement of the path it ran

@@ -107,13 +107,14 @@ class Job:
     def barrier(self) -> None:
         hvd.allreduce_(self.barrier_buf, op=hvd.Sum, name="flexible_job.barrier")
 
-    def network_ms(self, stats: dict) -> Optional[float]:
-        """Sum over the step's collectives of their minimum time over ranks (ms; untimed)."""
+    def collective_ms(self, stats: dict) -> Optional[list[float]]:
+        """Each of the step's collectives' minimum time over ranks (ms; ``[first, second, VAR]``
+        as in ``timings_ms``; one untimed allgather); None without ``timings_ms``."""
         mine = stats.get("timings_ms")
         if mine is None:
             return None
         every = hvd.allgather(torch.tensor([mine], dtype=torch.float64), name="flexible_job.timings")
-        return float(every.min(dim=0).values.sum())
+        return every.min(dim=0).values.tolist()
 
     def step(self, param, opt) -> dict:
         """One synchronized step on fresh gradient values; rank 0's ``last_stats`` + wall ms."""
@@ -127,7 +128,9 @@ class Job:
         opt.step()
         wall = 1e3 * (time.perf_counter() - t0)
         st = dict(opt.last_stats)
-        out = {"net_ms": self.network_ms(st), "collective": st.get("collective"),
+        per_collective = self.collective_ms(st)
+        out = {"net_ms": None if per_collective is None else sum(per_collective),
+               "collective_ms": per_collective, "collective": st.get("collective"),
                "comm_ms": st.get("comm_ms"),
                "compress_ms": st.get("compress_ms"), "wall_ms": wall, "k": st.get("k"),
                "bytes_sent": st.get("bytes_sent"), "skipped": st.get("skipped"),
@@ -200,7 +203,6 @@ def run_grid(job: Job) -> None:
                 "flex_drift_probes": getattr(ctrl, "n_drift_probes", None),
                 "cell_s": time.perf_counter() - t_cell,
             }
-            record["flex_startup_steps"] = len(warm["flex"])
             job.emit(record)
             del setups, flex_opt, ctrl
             gc.collect()
@@ -210,14 +212,6 @@ def run_grid(job: Job) -> None:
             fl = statistics.median(s["net_ms"] for s in timed["flex"])
             job.say(f"cell {done}/{total}: N={job.size} {net.get('label')} cr={cr:g}: AG {ag:.1f} ms, "
                     f"AR {ar:.1f} ms, Flexible {fl:.1f} ms ({timed['flex'][-1]['collective']})")
-
-
-def collective_ms(job: Job, stats: dict) -> list[float]:
-    """Each collective's minimum time over ranks (ms) of the step whose ``last_stats`` is
-    ``stats``: ``[first, second, VAR]`` as in ``timings_ms`` (untimed allgather)."""
-    mine = torch.tensor([stats["timings_ms"]], dtype=torch.float64)
-    every = hvd.allgather(mine, name="flexible_job.collective_ms")
-    return every.min(dim=0).values.tolist()
 
 
 def run_probe_bias(job: Job) -> None:
@@ -248,8 +242,7 @@ def run_probe_bias(job: Job) -> None:
                                      repeats, tag="bias", warmed=warmed)
                 for _ in range(steps):
                     for setup, out in ((ag, ag_steps), (ar, ar_steps)):
-                        job.step(*setup)
-                        out.append(collective_ms(job, setup[1].last_stats))
+                        out.append(job.step(*setup)["collective_ms"])
             job.emit({"kind": "probe_bias", "network": net, "N": job.size, "cr": cr,
                       "sizes": sizes, "probes": probes, "ag_steps": ag_steps,
                       "ar_steps": ar_steps})
