@@ -10,7 +10,8 @@ default, whose ``.grad`` is refilled with standard-normal values each step) runs
 on the network emulator; before step ``STEP`` of each ``--phase`` the parent applies that phase's
 link (every rank waits at that step boundary until it is in force, see ``flexible_driver.py``).
 Recorded per step (rank 0): the collective used, Flexible's predicted ms of both paths, the
-measured communication ms (each collective's minimum over ranks, what the model predicts, and
+measured communication ms (each collective's own cost combined over ranks, what the model
+predicts, and
 rank 0's own time, which also holds its waits for the other ranks' top-k), the probing ms and the
 link in force.
 
@@ -102,7 +103,7 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
     pr = [(r.get("predicted_ms") or {}).get("allreduce", math.nan) for r in steps]
     ax1.plot(xs, pa, color="tab:blue", ls="--", lw=1.2, label="predicted AG-Topk")
     ax1.plot(xs, pr, color="tab:orange", ls="--", lw=1.2, label="predicted AR-Topk")
-    # what the model predicts: each collective's minimum over ranks (net_ms); rank 0's own comm
+    # what the model predicts: each collective's own cost (net_ms); rank 0's own comm
     # time also holds its waits for the other ranks' top-k, drawn faint for comparison
     has_net = any(r.get("net_ms") is not None for r in steps)
     for coll, color, marker in (("allgather", "tab:blue", "o"), ("allreduce", "tab:orange", "^")):
@@ -112,7 +113,7 @@ def plot(records: list[dict[str, Any]], changes: list[int], path: str, title: st
                         marker=marker, s=10, alpha=0.25, label=f"rank 0's comm ({coll})", zorder=2)
         ax1.scatter([r["step"] for r in sel], [r["net_ms"] if has_net else r["comm_ms"] for r in sel],
                     color=color, marker=marker, s=18, zorder=3,
-                    label=f"measured ({coll}{', min over ranks' if has_net else ''})")
+                    label=f"measured ({coll}{', combined over ranks' if has_net else ''})")
     probes = [r for r in steps if r.get("probe_ms")]
     for r in probes:
         ax1.axvspan(r["step"] - 0.5, r["step"] + 0.5, color="0.85", zorder=0)

@@ -92,8 +92,8 @@ def _median(xs: list[float]) -> float:
 def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     """One row of the table from one job record (see ``flexible_job.py``)."""
     timed = rec["timed"]
-    # the measured time of a step: the collectives' own cost (each one's minimum over ranks,
-    # ``net_ms``) where the records have it; older runs only have rank 0's ``comm_ms``
+    # the measured time of a step: the collectives' own cost (combined over ranks, ``net_ms``)
+    # where the records have it; older runs only have rank 0's ``comm_ms``
     key = "net_ms" if all(s.get("net_ms") is not None for m in timed.values() for s in m) else "comm_ms"
     rank0 = {m: _median([s["comm_ms"] for s in timed[m]]) for m in ("ag", "ar", "flex")}
     ag = _median([s[key] for s in timed["ag"]])
@@ -238,7 +238,9 @@ def markdown(rows: list[dict[str, Any]], acc: dict[str, Any], meta: dict[str, An
         f"# Flexible acceptance grid ({meta.get('mode')}, {meta.get('numel')} float32 entries)", "",
         "Times: communication ms per step, median of the timed steps: "
         + ("the collectives' own cost (`net_ms`: each collective's minimum time over ranks, "
-           "summed; the last rank to enter a collective waits for nobody)"
+           "the last rank to enter a collective waits for nobody -- for AR-Topk's index "
+           "broadcast, from runs after the broadcast fix, the time until the indices were "
+           "delivered -- summed)"
            if rows and rows[0]["measured"] == "net_ms" else "rank 0's `last_stats['comm_ms']`")
         + ". Pred: Flexible's predicted ms per path (median over its timed steps); err = "
         "|pred - measured| / measured against the AG-Topk / AR-Topk runs of the same cell. "

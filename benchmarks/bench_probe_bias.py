@@ -8,9 +8,10 @@ predictions of AR-Topk steps read about 1.2x the steps' measured time in the acc
 (``bench_flexible_grid.py``, "start-up prediction / measured steps"). This benchmark puts the two
 side by side, collective by collective, in one job per network: ``--rounds`` times, a probe of
 the allgather, broadcast and allreduce at exactly the sizes AG-Topk and AR-Topk send (``--repeats``
-timings each), then ``--steps`` AG-Topk and ``--steps`` AR-Topk steps. For the probe each timing is
-the minimum over ranks (as the probe reports it); for a step, each collective's minimum over ranks
-(as Flexible learns it). It prints, per cell and collective, the medians and their ratio
+timings each), then ``--steps`` AG-Topk and ``--steps`` AR-Topk steps. Each timing is combined
+over ranks as Flexible combines it (the minimum over ranks; a broadcast's delivered time, see
+``sync.delivered_ms``), for the probe as ``run_probes`` reports it, for a step as the step's
+payload delivers it. It prints, per cell and collective, the medians and their ratio
 (probe / step), and writes ``probe_bias.json`` and ``probe_bias.md`` under ``--out``.
 """
 
@@ -51,7 +52,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Probe vs step, collective by collective ({meta['started']})", "",
              f"{meta['rounds']} rounds of: a probe of each kind ({meta['repeats']} timings), then "
              f"{meta['steps']} AG-Topk and {meta['steps']} AR-Topk steps; {meta['numel']} float32 "
-             "entries. Medians of the minimum over ranks; ratio = probe / step.", "",
+             "entries. Medians of the timings combined over ranks (`sync.combine_timings`); "
+             "ratio = probe / step.", "",
              "| N | network | cr | collective | bytes per rank | probe ms | step ms | ratio |",
              "|---|---|---|---|---:|---:|---:|---:|"]
     for r in rows:

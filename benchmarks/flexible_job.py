@@ -31,8 +31,10 @@ Two communication times per step: ``comm_ms`` is rank 0's (``last_stats``): it i
 wait for the last rank to enter each collective, i.e. for a rank whose top-k ran late (2 cores, N
 ranks), and, under AR-Topk STAR, for the root's selection when rank 0 is not the root.
 ``net_ms`` is the collectives' own cost: after the step (untimed) every rank's ``timings_ms`` are
-allgathered and each collective's minimum over ranks is summed (the last rank to enter a
-collective waits for nobody) -- the quantity Flexible's model predicts.
+allgathered and combined as the library combines them (``sync.combine_timings``: each
+collective's minimum over ranks, since the last rank to enter a collective waits for nobody, and
+for AR-Topk's index broadcast the time until the indices were delivered), then summed -- the
+quantity Flexible's model predicts.
 
 Hand-shake with the parent (files in ``DIR``; the parent runs in the root namespace and applies the
 network with ``Emulator.set_link``): rank 0 writes ``ready.<i>`` and polls for ``go.<i>`` (the
@@ -65,6 +67,7 @@ from benchmarks.jobctl import (  # noqa: E402
     flexible_mode,
     job_plan,
 )
+from hvd_flexcomm.sync import combine_timings  # noqa: E402
 
 TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
@@ -108,13 +111,15 @@ class Job:
         hvd.allreduce_(self.barrier_buf, op=hvd.Sum, name="flexible_job.barrier")
 
     def collective_ms(self, stats: dict) -> Optional[list[float]]:
-        """Each of the step's collectives' minimum time over ranks (ms; ``[first, second, VAR]``
-        as in ``timings_ms``; one untimed allgather); None without ``timings_ms``."""
+        """Each of the step's collectives' own time (ms; ``[first, second, VAR]`` as in
+        ``timings_ms``), combined over ranks as the library combines them
+        (``sync.combine_timings``: the minimum, and a broadcast's delivered time; one untimed
+        allgather); None without ``timings_ms``."""
         mine = stats.get("timings_ms")
         if mine is None:
             return None
         every = hvd.allgather(torch.tensor([mine], dtype=torch.float64), name="flexible_job.timings")
-        return every.min(dim=0).values.tolist()
+        return combine_timings(every).tolist()
 
     def step(self, param, opt) -> dict:
         """One synchronized step on fresh gradient values; rank 0's ``last_stats`` + wall ms."""

@@ -4,12 +4,14 @@
 and feeds it exactly the same numbers, so every rank computes the same path for the same step
 without a decision broadcast:
 
-- probe timings are min-reduced over ranks (:func:`hvd_flexcomm.probing.run_probes`), by the same
+- probe timings are combined over ranks (:func:`hvd_flexcomm.probing.run_probes`), by the same
   rule as the step timings below;
-- step timings are each collective's **minimum over ranks** (the time of the last rank to enter
-  it: the collective's own cost, without the wait for slower ranks' top-k), delivered to every
-  rank inside the next step's own payload (the control entries of :mod:`hvd_flexcomm.sync`), so
-  the cost model lags one step behind;
+- step timings are each collective's **own cost**, combined over ranks by
+  :func:`hvd_flexcomm.sync.combine_timings`: the minimum over ranks (the time of the last rank
+  to enter: without the wait for slower ranks' top-k), and for the AR path's index broadcast the
+  time until the indices were delivered (a broadcast's root is done before they arrive),
+  delivered to every rank inside the next step's own payload (the control entries of
+  :mod:`hvd_flexcomm.sync`), so the cost model lags one step behind;
 - probes are scheduled from shared state only (the step counter, the drift detector fed with the
   shared timings).
 
@@ -25,6 +27,7 @@ from typing import Any, Optional
 
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
 from .compression import Flexible
+from .probing import BARRIER_BYTES
 from .routing import PATHS, Router
 from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
 from .topk import k_for
@@ -35,7 +38,7 @@ log = logging.getLogger("hvd_flexcomm.flexible")
 
 # The control entries carried in each step's payload (CONTROL_SLOTS of them) are: [path code,
 # first-collective ms, second-collective ms, VAR allgather ms] of the previous step (the timings
-# as minima over ranks, see sync.combine_control), and Adaptive's announce flag (1.0: rank 0 has
+# combined over ranks, see sync.combine_timings), and Adaptive's announce flag (1.0: rank 0 has
 # a new CR to announce, see adaptive.py).
 PATH_CODES = {"allgather": 1.0, "allreduce": 2.0}
 _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
@@ -209,7 +212,7 @@ class FlexibleController:
         **and** the refreshes' total time, this one's prediction included, stays within
         ``probe_budget`` of the communication time measured in steps (both sums are of shared
         timings, so every rank decides alike; a refresh counts its timed ops plus the predicted
-        allreduce that combines their timings over ranks).
+        allgather that combines their timings over ranks and a broadcast's barrier).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
@@ -231,7 +234,7 @@ class FlexibleController:
         if interval and self.path and step - self.last_probe_step >= interval:
             plan = self._unused_path_plan(k)
             cost_ms = (sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
-                       + self._combine_ms(len(plan)))
+                       + self._overhead_ms([kind for kind, _ in plan]))
             if self._within_budget(cost_ms):
                 return plan, 1, "refresh"
         return [], 0, "refresh"
@@ -243,10 +246,14 @@ class FlexibleController:
         spent = self.refresh_ms_total + self.span_ms_total + cost_ms
         return spent <= self.mode.probe_budget * self.step_comm_ms_total
 
-    def _combine_ms(self, n_timings: int) -> float:
-        """Predicted ms of the allreduce that combines ``n_timings`` probe timings (float64) over
-        ranks (``probing.run_probes``): part of what a refresh costs."""
-        return self.model.predict_ms("allreduce", 8 * n_timings)
+    def _overhead_ms(self, kinds: list[str]) -> float:
+        """Predicted ms that probes of ``kinds`` (one timing each) add to their timed ops
+        (``probing.run_probes``): the allgather that combines their timings over ranks (two
+        float64 per timing, per rank) and a barrier allreduce after each broadcast. Part of
+        what a refresh costs."""
+        n_bcast = sum(kind == "broadcast" for kind in kinds)
+        return (self.model.predict_ms("allgather", 16 * len(kinds))
+                + n_bcast * self.model.predict_ms("allreduce", BARRIER_BYTES))
 
     def _unused_path_plan(self, k: int) -> list[tuple[str, int]]:
         """The collectives of the sparse path not in use, at ``k`` kept entries."""
@@ -305,7 +312,8 @@ class FlexibleController:
         self.probe_ms_total += spent_ms
         if kind == "refresh":
             self.n_refreshes += 1
-            self.refresh_ms_total += sum(ms for _, _, ms in results) + self._combine_ms(len(results))
+            self.refresh_ms_total += (sum(ms for _, _, ms in results)
+                                      + self._overhead_ms([kind for kind, _, _ in results]))
             return
         if kind == "full":
             self.full_probe_due = False

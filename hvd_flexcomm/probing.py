@@ -2,10 +2,13 @@
 
 Every rank must call :func:`run_probes` with the same plan at the same point (the plan is a pure
 function of values all ranks share). Each probe is one Horovod op on a zero buffer of the given
-size, timed on every rank; the per-rank timings are then combined with one small allreduce (min:
-a rank's time of an operation is its wait for the last rank to enter plus the operation's own cost,
-and the last rank to enter waits for nobody -- the same rule as the step timings in ``sync.py``),
-so every rank ends with identical numbers.
+size, timed on every rank; the per-rank timings are then combined with one small allgather, so
+every rank ends with identical numbers. A rank's time of an operation is its wait for the last
+rank to enter plus the operation's own cost, and the last rank to enter waits for nobody, so an
+allgather's or an allreduce's cost is its minimum over ranks. A broadcast's root is done once its
+bytes are handed to the transport, before they arrive: each timed broadcast is followed by a
+4-byte allreduce (a barrier, also timed), and its cost is ``sync.delivered_ms`` of the two -- the
+same rule as the step timings in ``sync.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ from typing import Any, Optional
 import torch
 
 from .calibration import KINDS
+from .sync import delivered_ms
 
-__all__ = ["run_probes"]
+__all__ = ["run_probes", "BARRIER_BYTES"]
+
+#: Bytes of the allreduce that follows each timed broadcast (see the module docstring).
+BARRIER_BYTES = 4
 
 
 def _start(hvd: Any, kind: str, buf: torch.Tensor, name: str, kw: dict) -> Any:
@@ -52,9 +59,10 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     the same set on every rank since plans are identical): those skip the warm-up. Without it
     every plan entry is warmed up. ``warm_up=False`` runs no untimed op at all (a one-off
     refresh: a new name's negotiation then rides in its timing, a small upward bias that costs
-    less than a whole extra op on a slow link). The timed ops run one at a time. Returns
-    ``[(kind, nbytes, ms), ...]`` with the min over ranks of each timing, identical on every
-    rank.
+    less than a whole extra op on a slow link). The timed ops run one at a time; each timed
+    broadcast is followed by a :data:`BARRIER_BYTES` allreduce (named by ``tag``, warmed up like
+    the plan's names). Returns ``[(kind, nbytes, ms), ...]``, each timing combined over ranks (see
+    the module docstring), identical on every rank.
     """
     for kind, _ in plan:
         if kind not in KINDS:
@@ -64,23 +72,35 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     for kind, nbytes in plan:
         buf = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)
         ops.append((kind, f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}", buf))
+    barrier_name = f"hvd_flexcomm.{tag}.barrier"
+    barrier_buf = torch.zeros(BARRIER_BYTES // 4, dtype=torch.float32)
+    barriers = [("allreduce", barrier_name, barrier_buf)] if any(
+        kind == "broadcast" for kind, _ in plan) else []
     if warm_up:
-        cold = {name: (kind, name, buf) for kind, name, buf in ops
+        cold = {name: (kind, name, buf) for kind, name, buf in ops + barriers
                 if warmed is None or name not in warmed}
         if cold:
             _warm_up(hvd, list(cold.values()), kw)
     samples: list[tuple[str, int]] = []
     timings: list[float] = []
+    after: list[float] = []  # each timing's barrier ms (a broadcast's), else 0
     for kind, name, buf in ops:
         for _ in range(repeats):
             t0 = time.perf_counter()
             hvd.synchronize(_start(hvd, kind, buf, name, kw))
+            t1 = time.perf_counter()
+            if kind == "broadcast":
+                hvd.synchronize(_start(hvd, "allreduce", barrier_buf, barrier_name, kw))
             samples.append((kind, buf.numel() * 4))
-            timings.append(1e3 * (time.perf_counter() - t0))
+            timings.append(1e3 * (t1 - t0))
+            after.append(1e3 * (time.perf_counter() - t1) if kind == "broadcast" else 0.0)
         if warmed is not None:
             warmed.add(name)
     if not timings:
         return []
-    own = hvd.allreduce(torch.tensor(timings, dtype=torch.float64), op=hvd.Min,
-                        name=f"hvd_flexcomm.{tag}.timings", **kw)
-    return [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, own.tolist())]
+    if warmed is not None and barriers:
+        warmed.add(barrier_name)
+    every = hvd.allgather(torch.tensor([timings + after], dtype=torch.float64),
+                          name=f"hvd_flexcomm.{tag}.timings", **kw)
+    combined = delivered_ms(every[:, :len(timings)], every[:, len(timings):])
+    return [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, combined.tolist())]

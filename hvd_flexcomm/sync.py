@@ -20,11 +20,17 @@ Metadata rides inside the payloads, never in extra round trips:
   whether any rank saw NaN/Inf, the mean gain, rank 0's control entries and every rank's timings.
 - The control entries (``CONTROL_SLOTS`` numbers) carry what Flexible routing needs to stay
   identical on every rank: the path code and Adaptive's "a new CR is ready to announce" flag
-  (rank 0's, see ``adaptive.py``), and the previous step's collective times (ms), **the minimum
-  over ranks** of each (:data:`TIMING_SLOTS`). Every rank's time of a collective is the wait for
-  the last rank to enter it plus the collective's own cost; the last rank to enter waits for
-  nobody, so the minimum is the collective's own cost (the STAR root, which enters the index
-  broadcast after its selection while the others wait, gives the broadcast's).
+  (rank 0's, see ``adaptive.py``), and the previous step's collective times (ms), combined over
+  ranks by :func:`combine_timings`. Every rank's time of a collective is the wait for the last
+  rank to enter it plus the collective's own cost, and the last rank to enter waits for nobody,
+  so the minimum over ranks is the collective's own cost -- for a collective that every rank
+  finishes only once the data has arrived (allgather, allreduce). A **broadcast's** root finishes
+  as soon as its bytes are handed to the transport, before they are delivered: the STAR root,
+  which enters last (after its selection, while the others wait), would report the buffering
+  time only (measured: 1.9-6.2x too low at 100 Mbit/s). The allreduce that follows it cannot
+  start before every rank holds the indices, so the broadcast's delivered time is
+  ``min_r(t1 + t2) - min_r(t2)``: the last rank to enter the broadcast, up to the end of the
+  allreduce, less the allreduce's own cost.
 
 If any rank's error-fed gradient is non-finite, every rank learns it from the same collective and
 the step is skipped consistently: the residuals keep their previous values (the error-fed buffer is a
@@ -45,7 +51,8 @@ from .selectors import star_root, var_root
 from .topk import k_for, select_topk
 
 __all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish", "wire_dtype",
-           "ar_extra_entries", "combine_control", "CONTROL_SLOTS", "PATH_SLOT", "TIMING_SLOTS",
+           "ar_extra_entries", "combine_control", "combine_timings", "delivered_ms",
+           "CONTROL_SLOTS", "PATH_SLOT", "TIMING_SLOTS",
            "ANNOUNCE_SLOT"]
 
 #: Control entries carried in every top-k payload: [path code, first-collective ms,
@@ -53,7 +60,8 @@ __all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "fini
 CONTROL_SLOTS = 5
 #: Index of the path code (rank 0's) among the control entries.
 PATH_SLOT = 0
-#: The control entries that hold timings: delivered as the minimum over ranks (the others: rank 0's).
+#: The control entries that hold timings: [first collective, second collective, VAR allgather],
+#: combined over ranks by :func:`combine_timings` (the other entries: rank 0's).
 TIMING_SLOTS = (1, 2, 3)
 #: Index of Adaptive's announce flag (rank 0's) among the control entries.
 ANNOUNCE_SLOT = 4
@@ -69,12 +77,37 @@ def ar_extra_entries(size: int) -> int:
     return size + _EXTRA_AR_FIXED + len(TIMING_SLOTS) * size
 
 
+def delivered_ms(first: torch.Tensor, then: torch.Tensor) -> torch.Tensor:
+    """The own cost (ms) of a collective timed as ``first`` on every rank (one row per rank) and
+    followed by a collective all ranks must enter before it completes, timed as ``then``:
+    ``min_r(first + then) - min_r(then)``, column by column.
+
+    The span from the last rank's entry into ``first`` to the end of ``then`` is the first
+    collective's delivery plus the second's own cost (``min_r(then)``, the rank that entered
+    ``then`` last). Where ``then`` is all zeros (nothing follows) this is ``min_r(first)``; it
+    is never below ``min_r(first)`` (the minimum of a sum is at least the sum of the minima).
+    """
+    first, then = first.double(), then.double()
+    return (first + then).min(dim=0).values - then.min(dim=0).values
+
+
+def combine_timings(timings: torch.Tensor) -> torch.Tensor:
+    """One step's collective times (ms, ``[first, second, VAR]`` as in TIMING_SLOTS) from one row
+    per rank: the second and VAR collectives' minimum over ranks, the first one's
+    :func:`delivered_ms` with the second (its minimum when there is no second collective, as on
+    the allgather and dense paths). See the module docstring."""
+    timings = timings.double()
+    out = timings.min(dim=0).values
+    out[0] = delivered_ms(timings[:, 0], timings[:, 1])
+    return out
+
+
 def combine_control(rank0: torch.Tensor, timings: torch.Tensor) -> list:
-    """The delivered control entries: ``rank0`` (rank 0's CONTROL_SLOTS entries) with each timing
-    slot replaced by its minimum over ranks (``timings``: one row per rank, one column per
+    """The delivered control entries: ``rank0`` (rank 0's CONTROL_SLOTS entries) with the timing
+    slots replaced by :func:`combine_timings` of ``timings`` (one row per rank, one column per
     TIMING_SLOTS entry)."""
     out = rank0.double().clone()
-    out[list(TIMING_SLOTS)] = timings.double().min(dim=0).values
+    out[list(TIMING_SLOTS)] = combine_timings(timings)
     return out.tolist()
 
 

@@ -187,7 +187,10 @@ def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
     assert ctrl.decide(0, 0.01) == "allgather"
     ag_ms = ctrl.predicted_ms["allgather"]
     sizes = ctrl.payload_bytes(10_000)
-    combine_ms = ctrl.model.predict_ms("allreduce", 16)  # two float64 timings over ranks
+    # run_probes' own ops: the allgather of two timings and their two barrier slots (float64,
+    # 32 bytes per rank) and the 4-byte barrier allreduce after the broadcast
+    combine_ms = (ctrl.model.predict_ms("allgather", 32)
+                  + ctrl.model.predict_ms("allreduce", 4))
     refresh_ms = (ctrl.model.predict_ms("broadcast", sizes["broadcast"])
                   + ctrl.model.predict_ms("allreduce", sizes["allreduce"]) + combine_ms)
     # communication measured so far: one step; 5% of it is far below the refresh's cost
@@ -203,7 +206,8 @@ def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
     # the allreduce path got cheap meanwhile: the refresh re-anchors its fits (slope kept)
     ctrl.after_probe(10, [(k, b, 0.1) for k, b in plan], "refresh", spent_ms=1.0)
     assert ctrl.n_refreshes == 1
-    assert ctrl.refresh_ms_total == pytest.approx(0.2 + ctrl.model.predict_ms("allreduce", 16))
+    assert ctrl.refresh_ms_total == pytest.approx(0.2 + ctrl.model.predict_ms("allgather", 32)
+                                                  + ctrl.model.predict_ms("allreduce", 4))
     assert ctrl.decide(10, 0.01) == "allreduce"
     assert ctrl.probe_plan(15, 0.01)[0] == []  # the interval counts from the refresh
 

@@ -138,9 +138,12 @@ def test_flexible_paths_agree_and_match_reference(np_):
         # time outside synchronize (here the test's own reference collectives and backward)
         assert r["stats"][0]["other_ms"] is None and all(s["other_ms"] > 0 for s in r["stats"][1:])
         assert any(s["probe_ms"] > 0 for s in r["stats"][1:])  # periodic refresh (interval 4)
-        # run_probes on real collectives: a size's first use adds one warm-up op, later uses and
-        # refreshes (warm_up=False) not
-        assert r["probe_ops"] == [(4 * 3, 4 * 2, True), (4 * 2, 4 * 2, True), (4 * 2, 4 * 2, True)]
+        # run_probes on real collectives: a size's first use adds one warm-up op (and the
+        # broadcast's barrier name one), later uses and refreshes (warm_up=False) not; each of
+        # the 2 timed broadcasts is followed by its barrier allreduce, and one allgather
+        # combines the timings over ranks
+        assert r["probe_ops"] == [(5 + 4 * 2 + 2 + 1, 4 * 2, True),
+                                  (4 * 2 + 2 + 1, 4 * 2, True), (4 * 2 + 2 + 1, 4 * 2, True)]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
