@@ -51,7 +51,10 @@ def _next_change(step: int, changes: list[int]) -> Optional[int]:
 
 
 def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str, Any]]:
-    """For each change step: the path in use before it, the first later step on another path."""
+    """For each change step: the path in use before it and the first later step whose **route**
+    is another path. An exploring step (``exploring`` in the record: Flexible tries the path it
+    did not choose for a step or two after a probe, without switching) is not a switch; the
+    first step on another path of any kind is reported too (``first_other_step``)."""
     steps = sorted((r for r in records if r.get("kind") == "step"), key=lambda r: r["step"])
     by_step = {r["step"]: r for r in steps}
     out = []
@@ -61,13 +64,15 @@ def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str,
         before = by_step.get(c - 1, {}).get("collective")
         nxt = _next_change(c, changes)
         seg = [r for r in steps if c <= r["step"] < (math.inf if nxt is None else nxt)]
-        switch = next((r["step"] for r in seg if r["collective"] != before), None)
+        switch = next((r["step"] for r in seg
+                       if r["collective"] != before and not r.get("exploring")), None)
+        first_other = next((r["step"] for r in seg if r["collective"] != before), None)
         after = [r["collective"] for r in seg]
         probes = [r["step"] for r in seg if r.get("probe_ms")]
         kinds = [r.get("probe_kind") for r in seg if r.get("probe_ms")]
         out.append({
             "change_step": c, "network": by_step.get(c, {}).get("network"), "segment_steps": len(seg),
-            "path_before": before, "switch_step": switch,
+            "path_before": before, "switch_step": switch, "first_other_step": first_other,
             "steps_to_switch": None if switch is None else switch - c,
             "within_target": switch is not None and switch - c <= TARGET_STEPS,
             "paths_until_next_change": dict(Counter(after)), "probe_steps": probes,
@@ -244,21 +249,30 @@ def report_cr(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _explored(seg: dict[str, Any]) -> str:
+    """", exploring from step S" where an exploring step ran another path before the switch."""
+    first, switch = seg.get("first_other_step"), seg["switch_step"]
+    if first is None or first == switch:
+        return ""
+    return f", exploring the other path from step {first}"
+
+
 def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
     lines = []
     steps = [r for r in records if r.get("kind") == "step"]
     for seg in result:
         net = (seg["network"] or {}).get("label", "?")
         if seg["switch_step"] is None:
-            lines.append(f"- change at step {seg['change_step']} (-> {net}): still on "
-                         f"{seg['path_before']} until the next change or the end (no switch); paths: "
+            lines.append(f"- change at step {seg['change_step']} (-> {net}): the route stays on "
+                         f"{seg['path_before']} until the next change or the end (no switch; "
+                         f"target <= {TARGET_STEPS}: NOT met){_explored(seg)}; paths: "
                          f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}")
         else:
             lines.append(f"- change at step {seg['change_step']} (-> {net}): {seg['path_before']} -> "
                          f"another path at step {seg['switch_step']} ({seg['steps_to_switch']} steps; "
-                         f"target <= {TARGET_STEPS}: {'met' if seg['within_target'] else 'NOT met'}); "
-                         f"paths until the next change: {seg['paths_until_next_change']}; probing at "
-                         f"steps {_probes(seg)}")
+                         f"target <= {TARGET_STEPS}: {'met' if seg['within_target'] else 'NOT met'})"
+                         f"{_explored(seg)}; paths until the next change: "
+                         f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}")
     lines.append(f"- steps recorded: {len(steps)}; probing steps overall: "
                  f"{[r['step'] for r in steps if r.get('probe_ms')]}")
     share = probe_share(steps)

@@ -84,6 +84,34 @@ def test_grid_quick_runs_end_to_end(tmp_path):
 CHANGE = os.path.join(REPO, "benchmarks", "bench_flexible_change.py")
 
 
+def test_change_analysis_counts_route_switches_not_exploring_steps():
+    """An exploring step runs the other path for a step without switching the route: the
+    switch after a change is the first *route* step on another path (the change run at 80f9ee7
+    explored AR-Topk at steps 37-38 and switched only at step 58)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_flexible_change as bench
+
+    def step(i, coll, exploring=False):
+        return {"kind": "step", "step": i, "collective": coll, "exploring": exploring,
+                "network": {"label": "net"}}
+
+    records = [step(i, "allgather") for i in range(10)]
+    records += [step(10, "allgather"), step(11, "allreduce", True), step(12, "allreduce", True)]
+    records += [step(i, "allgather") for i in range(13, 16)]
+    records += [step(i, "allreduce") for i in range(16, 40)]
+    records += [step(40, "allreduce"), step(41, "allgather")]  # a switch without exploring
+    first, second = bench.analyse(records, [5, 40])
+    assert first["switch_step"] == 16 and first["steps_to_switch"] == 11
+    assert first["first_other_step"] == 11 and first["within_target"]
+    assert second["switch_step"] == second["first_other_step"] == 41
+    lines = bench.report([first, second], records)
+    assert "exploring the other path from step 11" in lines[0]
+    assert "exploring" not in lines[1]
+    late = bench.analyse(records[:12] + [step(i, "allgather") for i in range(12, 40)], [5])[0]
+    assert late["switch_step"] is None and late["first_other_step"] == 11
+    assert "NOT met" in bench.report([late], records)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.timeout(300)
