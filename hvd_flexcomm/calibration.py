@@ -14,20 +14,26 @@ broadcast buffer; for an allreduce, the reduced buffer.
 The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
 
 1. keep the most recent ``window`` samples (``bytes``, ``ms``);
-2. **robustness**: collapse repeated measurements at the same byte size to their *median* (an
-   isolated outlier at a size measured three or more times has no effect);
-3. weighted least squares (``np.linalg.lstsq``) of ``a + b·x`` through the per-size medians, with
-   weight ``count / median²`` on each squared residual, i.e. *relative* errors, counted once per
+2. **robustness**: collapse repeated measurements at the same byte size to their *interquartile
+   mean* (:func:`central_ms`: the mean of what is left after dropping the lowest and the highest
+   quarter, at least one each from three samples on). An isolated outlier at a size measured
+   three or more times has no effect, as with a median; unlike a median, a path whose steps
+   alternate between two levels is charged between them, in proportion (at 0.1 ms one way and
+   100 Mbit/s, N = 2, AG-Topk's steps at CR 0.1 took ~800 ms or ~1300 ms, about half each; the
+   median sat at ~830 ms until the slow level was the majority of the window, and Flexible kept
+   the allgather 28 steps after a change made AR-Topk's ~820 ms the cheaper path);
+3. weighted least squares (``np.linalg.lstsq``) of ``a + b·x`` through the per-size values, with
+   weight ``count / value²`` on each squared residual, i.e. *relative* errors, counted once per
    sample: a size measured often pins the line, and small sizes (where the fixed cost dominates)
    matter as much as large ones;
 4. **constraints** ``a >= 0`` and ``b >= 0``: if the unconstrained ``b < 0``, ``b = 0`` and ``a`` is
-   the weighted mean of the medians; if ``a < 0``, ``a = 0`` and ``b`` is refitted by weighted least
+   the weighted mean of the values; if ``a < 0``, ``a = 0`` and ``b`` is refitted by weighted least
    squares through the origin (both cannot be negative, since all times are >= 0). A slope
    clamped to 0 holds for this fit only: it is not learned as the slope prior below while an
    earlier fit measured a positive one (noise at two nearby levels, e.g. a latency-bound link,
    would otherwise make every later single-size fit flat: in one run the allgather's line
    predicted 570 ms at every candidate CR from 0.001 to 0.1);
-5. **a single distinct size** ``x0`` with median ``y0`` cannot separate ``a`` from ``b``. Then a
+5. **a single distinct size** ``x0`` with value ``y0`` cannot separate ``a`` from ``b``. Then a
    *slope prior* is used if there is one: the slope of the most recent fit that had two or more
    sizes, else the ``prior_b_ms_per_byte`` given to the constructor; ``b = min(prior, y0/x0)`` and
    ``a = y0 - b·x0``. Without a prior, ``a = 0`` and ``b = y0/x0`` (pure ratio); if ``x0 == 0``,
@@ -37,7 +43,7 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
 6. **a narrow span** of sizes (largest < ``MIN_SLOPE_SPAN`` × smallest, e.g. steps at CRs 0.016
    and 0.011 once the probe sizes have left the window) cannot pin the slope either: step-to-step
    noise would tilt it, even to zero, which makes every size cost the same. With a slope prior
-   the slope is kept and only the level is fitted (weighted mean of ``median - b·x``); the learned
+   the slope is kept and only the level is fitted (weighted mean of ``value - b·x``); the learned
    slope changes only through fits over a wide span (the probes).
 7. **a wide base pins the slope**: once the slope was learned over sizes ``LEARN_SPAN`` (8) or
    more apart (the probes span the candidate CRs, 100x), a base narrower than 8x (and than
@@ -58,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -75,7 +81,7 @@ __all__ = [
 #: Collective kinds that get their own fitted line.
 KINDS: tuple[str, str, str] = ("allgather", "broadcast", "allreduce")
 
-#: Medians below this many ms are treated as this value when forming relative weights.
+#: Per-size levels below this many ms are treated as this value when forming relative weights.
 _MIN_MS_FOR_WEIGHT = 1e-6
 
 _DICT_VERSION = 1
@@ -96,6 +102,21 @@ def _check_sample(nbytes: float, ms: float) -> None:
         raise ValueError(f"bytes must be finite and >= 0, got {nbytes!r}")
     if not (math.isfinite(ms) and ms >= 0):
         raise ValueError(f"measured ms must be finite and >= 0, got {ms!r}")
+
+
+def central_ms(values: Sequence[float]) -> float:
+    """The interquartile mean of repeated timings of one size (ms): sorted, the lowest and the
+    highest ``max(1, n // 4)`` dropped from ``n >= 3`` values, the rest averaged (one or two
+    values: their mean). Equals the median for up to 4 values; never outside
+    ``[min, max]``."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("need at least one timing")
+    if n >= 3:
+        trim = max(1, n // 4)
+        ordered = ordered[trim:n - trim]
+    return float(ordered.mean())
 
 
 class LinearCostFit:
@@ -215,9 +236,9 @@ class LinearCostFit:
             return
         data = np.asarray(self._samples, dtype=np.float64)
         sizes, inverse, counts = np.unique(data[:, 0], return_inverse=True, return_counts=True)
-        medians = np.array([np.median(data[inverse == i, 1]) for i in range(len(sizes))])
+        levels = np.array([central_ms(data[inverse == i, 1]) for i in range(len(sizes))])
         if len(sizes) == 1:
-            self._a, self._b = self._fit_single(float(sizes[0]), float(medians[0]))
+            self._a, self._b = self._fit_single(float(sizes[0]), float(levels[0]))
             return
         prior = self._slope_prior()
         base = float(sizes.max()) / max(float(sizes.min()), 1.0)
@@ -225,11 +246,11 @@ class LinearCostFit:
         if self._learned_span is not None:
             needed = max(MIN_SLOPE_SPAN, min(self._learned_span, LEARN_SPAN))
         if prior is not None and base < needed:
-            w = counts / np.maximum(medians, _MIN_MS_FOR_WEIGHT) ** 2
-            level = float(np.sum(w * (medians - prior * sizes)) / np.sum(w))
+            w = counts / np.maximum(levels, _MIN_MS_FOR_WEIGHT) ** 2
+            level = float(np.sum(w * (levels - prior * sizes)) / np.sum(w))
             self._a, self._b = max(level, 0.0), prior
             return
-        self._a, self._b = _weighted_constrained_line(sizes, medians, counts)
+        self._a, self._b = _weighted_constrained_line(sizes, levels, counts)
         if self._b > 0.0 or self._learned_b is None:  # a clamped zero is not a measured slope
             self._learned_b, self._learned_span = self._b, base
 
@@ -304,23 +325,23 @@ class LinearCostFit:
 
 
 def _weighted_constrained_line(
-    sizes: np.ndarray, medians: np.ndarray, counts: np.ndarray
+    sizes: np.ndarray, levels: np.ndarray, counts: np.ndarray
 ) -> tuple[float, float]:
-    """Constrained (a >= 0, b >= 0) weighted least-squares line through per-size medians.
+    """Constrained (a >= 0, b >= 0) weighted least-squares line through per-size levels (central_ms).
 
-    Weight on each squared residual: ``count / max(median, tiny)²`` (relative error).
+    Weight on each squared residual: ``count / max(level, tiny)²`` (relative error).
     """
-    w = counts / np.maximum(medians, _MIN_MS_FOR_WEIGHT) ** 2
+    w = counts / np.maximum(levels, _MIN_MS_FOR_WEIGHT) ** 2
     sw = np.sqrt(w)
     x_scale = float(sizes.max())  # > 0: at least two distinct non-negative sizes
     xs = sizes / x_scale
     design = np.column_stack([np.ones_like(xs), xs]) * sw[:, None]
-    coef, *_ = np.linalg.lstsq(design, medians * sw, rcond=None)
+    coef, *_ = np.linalg.lstsq(design, levels * sw, rcond=None)
     a, b_scaled = float(coef[0]), float(coef[1])
     if b_scaled < 0.0:
-        return float(np.sum(w * medians) / np.sum(w)), 0.0
+        return float(np.sum(w * levels) / np.sum(w)), 0.0
     if a < 0.0:
-        b_scaled = float(np.sum(w * xs * medians) / np.sum(w * xs * xs))
+        b_scaled = float(np.sum(w * xs * levels) / np.sum(w * xs * xs))
         return 0.0, max(b_scaled, 0.0) / x_scale
     return a, b_scaled / x_scale
 

@@ -16,6 +16,7 @@ from hvd_flexcomm.calibration import (
     DriftDetector,
     LinearCostFit,
     NotCalibratedError,
+    central_ms,
     probe_ks,
 )
 
@@ -59,12 +60,39 @@ def test_noisy_recovery_within_tolerance(seed):
 
 
 def test_isolated_outliers_are_ignored():
-    # One 10x outlier among 3 repeats at every size: the per-size median removes it entirely.
+    # One 10x outlier among 3 repeats at every size: the per-size value (the interquartile
+    # mean, here the median) removes it entirely.
     fit = LinearCostFit()
     for x in SIZES:
         fit.extend([(x, _line(x)), (x, 10 * _line(x)), (x, _line(x))])
     assert fit.a_ms == pytest.approx(A_MS, rel=1e-9)
     assert fit.b_ms_per_byte == pytest.approx(B_MS_PER_BYTE, rel=1e-9)
+
+
+def test_central_ms_is_the_interquartile_mean():
+    assert central_ms([7.0]) == 7.0
+    assert central_ms([2.0, 4.0]) == 3.0
+    assert central_ms([1.0, 100.0, 2.0]) == 2.0  # the median of three
+    assert central_ms([1.0, 3.0, 100.0, 2.0]) == 2.5  # the median of four
+    # eight: the lowest and highest two dropped, the middle four averaged
+    assert central_ms([9.0, 1.0, 5.0, 4.0, 6.0, 3.0, 100.0, 0.0]) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="at least one"):
+        central_ms([])
+
+
+def test_a_path_alternating_between_two_levels_is_charged_between_them():
+    """Steps at one size that take ~800 or ~1300 ms (AG-Topk at 100 Mbit/s, N = 2, in the change
+    run at 80f9ee7): a median sits on whichever level holds the majority; the fit follows the
+    mix, so 10 of each give their mean and 6 slow ones in 16 already move it by a quarter of the
+    gap."""
+    fit = LinearCostFit(prior_b_ms_per_byte=1e-4)
+    fit.extend([(4e6, 800.0), (4e6, 1300.0)] * 10)
+    assert fit.predict_ms(4e6) == pytest.approx(1050.0)
+    mostly_fast = LinearCostFit(prior_b_ms_per_byte=1e-4)
+    mostly_fast.extend([(4e6, 800.0)] * 10 + [(4e6, 1300.0)] * 6)
+    # sorted: 10 fast, 6 slow; 4 dropped at each end: 6 fast and 2 slow remain
+    assert mostly_fast.predict_ms(4e6) == pytest.approx((6 * 800 + 2 * 1300) / 8)
+    assert np.median([800.0] * 10 + [1300.0] * 6) == 800.0
 
 
 def test_negative_intercept_is_clipped_and_slope_refitted_through_origin():
