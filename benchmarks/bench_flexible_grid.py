@@ -161,6 +161,12 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "mean_ratio": _mean([s[key] for s in timed["flex"]])
         / min(_mean([s[key] for s in timed["ag"]]), _mean([s[key] for s in timed["ar"]])),
         "choice_is_best": choice == best,
+        # what started the route: the start-up probe's own pick (the prediction of Flexible's
+        # first step), and the path of its first timed route step (after any exploring)
+        "probe_choice_is_best": (min(pred0, key=pred0.get) == best
+                                 if set(pred0) >= {"allgather", "allreduce"} else None),
+        "first_route_is_best": next((s["collective"] == best for s in timed["flex"]
+                                     if not s.get("exploring")), None),
         # routing quality without Flexible's own (noisy) run: the measured time of the path it
         # chose, from the AG-Topk / AR-Topk runs, against the better of the two
         "choice_regret": ref[choice] / best_ms,
@@ -216,6 +222,9 @@ def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "choice_regret_within_5pct_share": sum(r["choice_regret"] <= TARGET_RATIO for r in rows)
         / len(rows),
         "same_path_cells": len(same),
+        "same_path_above_1": sum(x > 1 for x in same),
+        "probe_choice_best_cells": sum(1 for r in rows if r.get("probe_choice_is_best")),
+        "first_route_best_cells": sum(1 for r in rows if r.get("first_route_is_best")),
         "same_path_within_5pct_share": (sum(abs(x - 1) <= 0.05 for x in same) / len(same)
                                         if same else None),
         "same_path_le_105_share": sum(x <= TARGET_RATIO for x in same) / len(same) if same else None,
@@ -286,7 +295,10 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
         f"probe) in {acc.get('explored_cells', 0)} of {acc['cells']} cells"
         + (f"; on its route steps alone (exploring and cold steps left out of its median) it is "
            f"within 1.05 of the better path in {100 * acc['route_within_5pct_share']:.0f}% of cells"
-           if acc.get("route_within_5pct_share") is not None and acc.get("explored_cells") else ""),
+           if acc.get("route_within_5pct_share") is not None and acc.get("explored_cells") else "")
+        + (f"; the start-up probe's own pick was the faster path in "
+           f"{acc['probe_choice_best_cells']} of {acc['cells']} cells, the first timed route step "
+           f"ran it in {acc['first_route_best_cells']}" if "probe_choice_best_cells" in acc else ""),
         f"- Flexible <= 1.05 x min(AG, AR): {acc['flex_within_5pct']}/{acc['cells']} cells = "
         f"{100 * acc['flex_within_5pct_share']:.0f}% (target >= {100 * acc['share_target']:.0f}%: "
         f"{yes[acc['share_met']]}); median ratio {acc['median_flex_ratio']:.2f}; by the mean of "
@@ -315,7 +327,8 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
             f"its comm time vs the fixed-path run of that same path: median |ratio - 1| "
             f"{100 * acc['same_path_median_abs_dev']:.0f}%, within +-5% in "
             f"{100 * acc['same_path_within_5pct_share']:.0f}%, <= 1.05 in "
-            f"{100 * acc['same_path_le_105_share']:.0f}% of them; prediction vs Flexible's own "
+            f"{100 * acc['same_path_le_105_share']:.0f}% of them (ratio above 1 in "
+            f"{acc.get('same_path_above_1', '-')}); prediction vs Flexible's own "
             f"measurement of the path it ran: median error {100 * acc['median_err_own']:.0f}%")
     return out
 

@@ -3,8 +3,9 @@
     python benchmarks/bench_probe_bias.py                      # N=4, three networks, CR 0.1 / 0.01
     python benchmarks/bench_probe_bias.py --n 2 --latency-ms 10 --bandwidth inf --cr 0.1
 
-Flexible's start-up probe times each collective kind alone (``probing.run_probes``); its
-predictions of AR-Topk steps read about 1.2x the steps' measured time in the acceptance grid
+Flexible's start-up probe times each collective kind alone (``probing.run_probes``); before the
+broadcast fix (80f9ee7) its predictions of AR-Topk steps read about 1.2x the steps' measured
+time in the acceptance grid
 (``bench_flexible_grid.py``, "start-up prediction / measured steps"). This benchmark puts the two
 side by side, collective by collective, in one job per network: ``--rounds`` times, a probe of
 the allgather, broadcast and allreduce at exactly the sizes AG-Topk and AR-Topk send (``--repeats``

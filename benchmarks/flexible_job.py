@@ -223,7 +223,8 @@ def run_probe_bias(job: Job) -> None:
     """For each network and CR: ``rounds`` times, a probe of the three collective kinds at the
     sizes the steps send (``repeats`` timings each, ``probing.run_probes``), then ``steps``
     AG-Topk and ``steps`` AR-Topk steps, interleaved. One record per cell with every probe
-    timing and every step's per-collective minimum over ranks: what a start-up probe predicts
+    timing and every step's per-collective times combined over ranks (``Job.collective_ms``,
+    as Flexible learns them): what a start-up probe predicts
     against what the steps take, collective by collective."""
     from hvd_flexcomm.flexible import FlexibleController
     from hvd_flexcomm.probing import run_probes
