@@ -17,7 +17,9 @@ link in force.
 
 Acceptance (reported, not asserted): after each change, Flexible uses another collective within
 20 steps (searched until the next change). A change after which the same path stays best needs
-no switch; the report says which path was in use before and after.
+no switch; the report says which path was in use before and after. Also reported: what probing
+cost (probe ms over the steps' wall ms), and, under ``reprobe_by="steps"`` (the default), what
+the steps that re-measure the path not in use cost beyond the route's steps before them.
 
 Writes ``change.json`` (per-step records + summary) and ``change.png`` (predicted vs measured time
 and the chosen path over the steps, the changes marked) under ``--out`` (default
@@ -30,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -70,13 +73,14 @@ def analyse(records: list[dict[str, Any]], changes: list[int]) -> list[dict[str,
         after = [r["collective"] for r in seg]
         probes = [r["step"] for r in seg if r.get("probe_ms")]
         kinds = [r.get("probe_kind") for r in seg if r.get("probe_ms")]
+        remeasures = [(r["step"], r["remeasure"]) for r in seg if r.get("remeasure")]
         out.append({
             "change_step": c, "network": by_step.get(c, {}).get("network"), "segment_steps": len(seg),
             "path_before": before, "switch_step": switch, "first_other_step": first_other,
             "steps_to_switch": None if switch is None else switch - c,
             "within_target": switch is not None and switch - c <= TARGET_STEPS,
             "paths_until_next_change": dict(Counter(after)), "probe_steps": probes,
-            "probe_kinds": kinds,
+            "probe_kinds": kinds, "remeasure_steps": remeasures,
         })
     return out
 
@@ -167,7 +171,8 @@ def write_outputs(out: str, records: list[dict[str, Any]],
 def _mode_name(meta: dict[str, Any]) -> str:
     if meta.get("adaptive_options"):
         return f"Adaptive(starting cr={meta['cr']:g})"
-    return f"Flexible(cr={meta['cr']:g})"
+    by = (meta.get("flex_options") or {}).get("reprobe_by")
+    return f"Flexible(cr={meta['cr']:g}" + (f", reprobe_by={by!r})" if by else ")")
 
 
 def _crossover_in_range(paths: list[str]) -> bool:
@@ -249,6 +254,14 @@ def report_cr(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _remeasured(seg: dict[str, Any]) -> str:
+    """"; re-measuring on real steps S (why), ..." where the path not in use ran for that."""
+    steps = seg.get("remeasure_steps") or []
+    if not steps:
+        return ""
+    return "; re-measuring on real steps " + ", ".join(f"{s} ({why})" for s, why in steps)
+
+
 def _explored(seg: dict[str, Any]) -> str:
     """", exploring from step S" where an exploring step ran another path before the switch."""
     first, switch = seg.get("first_other_step"), seg["switch_step"]
@@ -266,13 +279,15 @@ def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[
             lines.append(f"- change at step {seg['change_step']} (-> {net}): the route stays on "
                          f"{seg['path_before']} until the next change or the end (no switch; "
                          f"target <= {TARGET_STEPS}: NOT met){_explored(seg)}; paths: "
-                         f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}")
+                         f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}"
+                         f"{_remeasured(seg)}")
         else:
             lines.append(f"- change at step {seg['change_step']} (-> {net}): {seg['path_before']} -> "
                          f"another path at step {seg['switch_step']} ({seg['steps_to_switch']} steps; "
                          f"target <= {TARGET_STEPS}: {'met' if seg['within_target'] else 'NOT met'})"
                          f"{_explored(seg)}; paths until the next change: "
-                         f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}")
+                         f"{seg['paths_until_next_change']}; probing at steps {_probes(seg)}"
+                         f"{_remeasured(seg)}")
     lines.append(f"- steps recorded: {len(steps)}; probing steps overall: "
                  f"{[r['step'] for r in steps if r.get('probe_ms')]}")
     share = probe_share(steps)
@@ -280,6 +295,13 @@ def report(result: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[
         lines.append(f"- probing: {share['probe_ms']:.0f} ms of {share['wall_ms']:.0f} ms of steps "
                      f"({100 * share['share']:.1f}%; without the start-up probe "
                      f"{100 * share['share_after_start']:.1f}%)")
+        if share["remeasure_steps"]:
+            lines.append(
+                f"- re-measuring on real steps ({share['remeasure_steps']} steps): "
+                f"{share['remeasure_extra_ms']:+.0f} ms against the route's steps before them "
+                f"({100 * share['remeasure_share']:+.1f}% of the steps' time); probing and "
+                f"re-measuring without the start-up probe: "
+                f"{100 * share['share_after_start_all']:.1f}%")
     return lines
 
 
@@ -291,16 +313,41 @@ def _probes(seg: dict[str, Any]) -> str:
                            for s, k in zip(seg["probe_steps"], kinds)) + "]"
 
 
+def remeasure_extra_ms(steps: list[dict[str, Any]], before: int = 3) -> tuple[int, float]:
+    """``(n, ms)``: the re-measuring steps (``remeasure`` in the record: the path not in use run
+    on a real step after drift or as a refresh) and what they cost beyond the route: each one's
+    wall ms minus the median wall ms of the last ``before`` steps before it on the same link that
+    were route steps (not exploring, not cold, no probe). Negative where the path re-measured
+    was the faster one. A step with no such steps before it is left out."""
+    ordered = sorted(steps, key=lambda r: r["step"])
+    n, extra = 0, 0.0
+    for i, r in enumerate(ordered):
+        if not r.get("remeasure"):
+            continue
+        link = (r.get("network") or {}).get("index")
+        route = [x["wall_ms"] for x in ordered[:i]
+                 if not (x.get("exploring") or x.get("cold") or x.get("probe_ms"))
+                 and (x.get("network") or {}).get("index") == link][-before:]
+        if route:
+            n += 1
+            extra += r["wall_ms"] - statistics.median(route)
+    return n, extra
+
+
 def probe_share(steps: list[dict[str, Any]]) -> Optional[dict[str, float]]:
     """Probing ms / rank 0's ``opt.step()`` wall ms summed over the steps (fractions), overall and
-    without the first step's (start-up) probe."""
+    without the first step's (start-up) probe; and the re-measuring steps' extra ms
+    (:func:`remeasure_extra_ms`), alone and with the probing after start-up."""
     wall = sum(r.get("wall_ms") or 0.0 for r in steps)
     if not steps or wall <= 0:
         return None
     probe = sum(r.get("probe_ms") or 0.0 for r in steps)
     first = min(steps, key=lambda r: r["step"]).get("probe_ms") or 0.0
+    n_re, extra = remeasure_extra_ms(steps)
     return {"probe_ms": probe, "wall_ms": wall, "share": probe / wall,
-            "share_after_start": (probe - first) / wall}
+            "share_after_start": (probe - first) / wall, "remeasure_steps": n_re,
+            "remeasure_extra_ms": extra, "remeasure_share": extra / wall,
+            "share_after_start_all": (probe - first + max(extra, 0.0)) / wall}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -314,6 +361,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--hysteresis", type=float, help="Flexible option (default: the package's)")
     ap.add_argument("--drift-patience", type=int, help="Flexible option")
     ap.add_argument("--reprobe-interval", type=int, help="Flexible option")
+    ap.add_argument("--reprobe-by", choices=("steps", "probes"),
+                    help="Flexible option: re-measure the path not in use on real steps or by "
+                         "timed probes (default: the package's)")
     ap.add_argument("--no-barrier", action="store_true", help="no untimed barrier before each step")
     ap.add_argument("--adaptive", action="store_true",
                     help="run Adaptive (starting at --cr) instead of Flexible(cr); see the options below")
@@ -345,7 +395,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     changes = [s for s, _, _ in phases]
     flex_options = {k: v for k, v in (("hysteresis", args.hysteresis),
                                       ("drift_patience", args.drift_patience),
-                                      ("reprobe_interval", args.reprobe_interval)) if v is not None}
+                                      ("reprobe_interval", args.reprobe_interval),
+                                      ("reprobe_by", args.reprobe_by)) if v is not None}
     adaptive_options = ({"min_interval": args.min_interval, "gain_threshold": args.gain_threshold,
                          "min_cr_change": 0.0, "min_tta_gain": 0.0} if args.adaptive else None)
     plan = {"kind": "change", "numel": args.numel, "cr": args.cr, "steps": args.steps,

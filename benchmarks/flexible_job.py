@@ -145,6 +145,7 @@ class Job:
             out["probe_ms"] = st.get("probe_ms", 0.0)
             out["probe_kind"] = st.get("probe_kind")
             out["cold"], out["exploring"] = st.get("cold"), st.get("exploring")
+            out["remeasure"] = st.get("remeasure")
         return out
 
 
@@ -206,6 +207,8 @@ def run_grid(job: Job) -> None:
                 "flex_switches": getattr(ctrl, "n_switches", None),
                 "flex_full_probes": getattr(ctrl, "n_full_probes", None),
                 "flex_drift_probes": getattr(ctrl, "n_drift_probes", None),
+                "flex_drift_steps": getattr(ctrl, "n_drift_steps", None),
+                "flex_refresh_steps": getattr(ctrl, "n_refresh_steps", None),
                 "cell_s": time.perf_counter() - t_cell,
             }
             job.emit(record)

@@ -31,6 +31,8 @@ SELECTORS = ("star", "var")
 #: best compression quality); ``"bucket"`` compresses buckets of parameters as their gradients
 #: become ready, overlapping communication with the backward pass.
 GRANULARITIES = ("model", "bucket")
+#: Flexible.reprobe_by: how the path not in use is re-measured (see Flexible)
+REPROBE_BY = ("steps", "probes")
 
 
 def validate_cr(cr: Any) -> float:
@@ -143,13 +145,27 @@ class Flexible(TopkCompression):
       this size (once ``drift_patience`` are known): a path whose timings switch between levels
       further apart than ``drift_threshold`` (TCP at 10 ms one way: runs at ~100 ms, then at
       ~160 ms) does not trigger probes with its own noise. 0: the relative threshold alone.
-    - ``reprobe_interval``: at most every this many steps, time the path *not* in use once (one
-      small probe per collective kind), so its prediction does not go stale. 0 disables.
-    - ``probe_budget``: such refreshes run only while their total time (ms) stays within this
-      fraction of the communication time measured in steps (> 0; 0.02: at most 2%); start-up
-      and drift probes are not budgeted (without them the model is wrong).
+    - ``reprobe_interval``: at most every this many steps, re-measure the path *not* in use
+      once (a *refresh*, see ``reprobe_by``), so its prediction does not go stale. 0 disables.
+    - ``probe_budget``: refreshes run only while their total time (ms; a probe's timed ops, or
+      an exploring step's predicted extra over the path in use) stays within this fraction of
+      the communication time measured in steps (> 0; 0.02: at most 2%); start-up and drift
+      re-measurements are not budgeted (without them the model is wrong).
     - ``probe_repeats``: timed repetitions per probe size at start-up and after drift (two sizes
       per collective kind; a size's first probe also runs one untimed warm-up op).
+    - ``reprobe_by``: how the path *not* in use is re-measured after drift and by the
+      refreshes. ``"steps"`` (the default): it runs one real training step (two when its names
+      are new to Horovod at this k; the first, cold, is not timed), an *exploring* step as
+      after the start-up probe. The gradient still goes through, so the step costs only its
+      difference from the path in use (nothing when the network change made it the cheaper
+      one), and it measures what steps send, where a probe times each collective alone on
+      idle ranks. After drift the route holds until that step's timings arrive, then the
+      router decides afresh. A refresh runs while its predicted extra time (the predicted
+      difference of the paths, per step) fits in ``probe_budget``. ``"probes"``: timed probe
+      collectives at the k in use, ``probe_repeats`` per kind after drift (a *drift probe*),
+      one per refresh (in the change benchmark, N=2, 11.7M entries, CR 0.1, the two drift
+      probes took 1.66 s and 0.55 s, against steps of 0.16-1.3 s). Adaptive accepts
+      ``"probes"`` only: its candidate CRs need every slope, which spans and probes measure.
     - ``explore_within``: after a start-up or drift probe, when the path not chosen is predicted
       within this factor of the chosen one, the route runs it for one warm step (two when its
       names are new to Horovod) so that a real step, not a probe, measures it; then it decides
@@ -172,6 +188,7 @@ class Flexible(TopkCompression):
     probe_budget: float = 0.02
     probe_repeats: int = 2
     explore_within: float = 2.0
+    reprobe_by: str = "steps"
     collective = "flexible"
 
     def __post_init__(self) -> None:
@@ -191,6 +208,8 @@ class Flexible(TopkCompression):
         if not (numeric and (explore == 0 or 1.0 <= explore < math.inf)):
             raise ValueError(f"explore_within must be 0 (off) or a finite factor >= 1, got "
                              f"{explore!r}")
+        if self.reprobe_by not in REPROBE_BY:
+            raise ValueError(f"reprobe_by must be one of {REPROBE_BY}, got {self.reprobe_by!r}")
         if not (isinstance(self.drift_noise, (int, float)) and not isinstance(self.drift_noise, bool)
                 and 0.0 <= self.drift_noise < 0.5):
             raise ValueError(f"drift_noise must be a fraction in [0, 0.5), got {self.drift_noise!r}")
@@ -368,9 +387,14 @@ class Adaptive(Flexible):
     span_steps: int = 3
     span_every: int = 50
     probe_repeats: int = 1
+    reprobe_by: str = "probes"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.reprobe_by != "probes":
+            raise ValueError(f"Adaptive re-measures by probes and span steps only (its candidate "
+                             f"CRs need every slope): reprobe_by must be 'probes', got "
+                             f"{self.reprobe_by!r}")
         cands = tuple(sorted({validate_cr(c) for c in self.candidates}, reverse=True))
         if len(cands) < 2:
             raise ValueError(f"candidates needs at least two different CRs, got {self.candidates!r}")

@@ -13,7 +13,8 @@ without a decision broadcast:
   delivered to every rank inside the next step's own payload (the control entries of
   :mod:`hvd_flexcomm.sync`), so the cost model lags one step behind;
 - probes are scheduled from shared state only (the step counter, the drift detector fed with the
-  shared timings).
+  shared timings), and so are the steps that re-measure the path not in use on real steps after
+  drift and at refreshes (``Flexible(reprobe_by="steps")``, the default).
 
 Per step: ``path_for_step()`` → the step runs → ``observe_step(rank0_timings)`` updates the
 calibrated model and the drift detector → ``decide()`` picks the next step's path with hysteresis.
@@ -66,6 +67,10 @@ SPAN_FAR_BELOW = 2.5
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
+
+#: A re-measure on real steps (``reprobe_by="steps"``) whose timings have not arrived this many
+#: steps after its steps were issued is given up (they arrive 1-2 steps later, 3 with a cold step).
+REMEASURE_MAX_WAIT = 5
 
 
 class FlexibleController:
@@ -176,6 +181,17 @@ class FlexibleController:
         #: (kind, bytes) at which a warm route step's timings have replaced the probe's (Flexible,
         #: :meth:`observe_step`); forgotten where a probe times that kind again
         self.stepped_sizes: set = set()
+        # Re-measuring by steps (Flexible with ``reprobe_by="steps"``, see :meth:`_remeasure`):
+        # why the path not in use is being re-measured ("drift" or "refresh"; None: it is not),
+        # that path, whether its exploring steps are still to be issued, the step they were
+        # issued at, the kinds whose levels its timings replace, and the counts.
+        self.remeasure_why: Optional[str] = None
+        self.remeasure_path: Optional[str] = None
+        self.remeasure_pending = False
+        self.remeasure_step: Optional[int] = None
+        self.remeasure_stale: set = set()
+        self.n_drift_steps = 0
+        self.n_refresh_steps = 0
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -195,6 +211,19 @@ class FlexibleController:
             ar += self.model.predict_ms("allgather", 8)
         return {"allgather": ag, "allreduce": ar}
 
+    def _path_kinds(self, path: str) -> set:
+        """The collective kinds whose fits ``path``'s prediction reads."""
+        if path == "allgather":
+            return {"allgather"}
+        return {"broadcast", "allreduce"} | ({"allgather"} if self.mode.selector == "var" else set())
+
+    @property
+    def reprobes_by_steps(self) -> bool:
+        """Flexible with ``reprobe_by="steps"``: after drift and at refreshes the path not in use
+        runs real steps instead of timed probes (Adaptive, whose candidates need every slope,
+        always probes)."""
+        return not self.probe_crs and getattr(self.mode, "reprobe_by", "probes") == "steps"
+
     # -- probing ---------------------------------------------------------------------------------
     def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, str]:
         """``(plan, repeats, kind)`` of the probes due before ``step``, or an empty plan.
@@ -213,6 +242,8 @@ class FlexibleController:
         ``probe_budget`` of the communication time measured in steps (both sums are of shared
         timings, so every rank decides alike; a refresh counts its timed ops plus the predicted
         allgather that combines their timings over ranks and a broadcast's barrier).
+        Under ``reprobe_by="steps"`` (Flexible's default) neither a drift probe nor a refresh
+        is planned: the path not in use runs real steps instead (:meth:`_remeasure`).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
@@ -231,7 +262,8 @@ class FlexibleController:
                 plan.append(("allgather", 8))  # VAR's norm allgather rides on the AG fit
             return plan, self.mode.probe_repeats, "drift"
         interval = self.mode.reprobe_interval
-        if interval and self.path and step - self.last_probe_step >= interval:
+        if (interval and self.path and not self.reprobes_by_steps
+                and step - self.last_probe_step >= interval):
             plan = self._unused_path_plan(k)
             cost_ms = (sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
                        + self._overhead_ms([kind for kind, _ in plan]))
@@ -289,6 +321,7 @@ class FlexibleController:
             raise ValueError(f"probe kind must be 'full', 'drift' or 'refresh', got {kind!r}")
         probed = {coll for coll, _, _ in results}
         if kind == "full":
+            self._end_remeasure()  # whatever was being re-measured, the probe measured it
             for coll in probed:
                 self.model.fits[coll].reset()
         elif kind == "refresh":
@@ -375,6 +408,83 @@ class FlexibleController:
         path, and each counts; Adaptive solves once both are judged, see
         :attr:`recalibrating`)."""
         return self.n_full_probes + self.n_span_moves
+
+    # -- re-measuring by steps (Flexible, reprobe_by="steps") -------------------------------------
+    def _remeasure(self, why: str, route: str) -> None:
+        """Schedule a re-measure of the path not in use (``why``: "drift" or "refresh") on real
+        steps: at the next decision it runs for one step (two when its names are new to Horovod
+        at this k, the first cold and not timed, :meth:`_explore`); the route holds until that
+        step's timings arrive (:meth:`decide`), which replace the levels of the kinds that path
+        alone reads (:meth:`observe_step`, :meth:`_remeasured`). Shared state only: every rank
+        schedules alike."""
+        other = PATHS[1 - PATHS.index(route)]
+        self.remeasure_why, self.remeasure_path, self.remeasure_pending = why, other, True
+        self.remeasure_step = None
+        self.remeasure_stale = self._path_kinds(other) - self._path_kinds(route)
+        self.explore_due, self.explore_wait, self.explore_left = False, None, 0
+
+    def _drift_by_steps(self, path: str) -> None:
+        """Drift under ``reprobe_by="steps"``: the path in use is re-anchored on the step timings
+        that fired the detector (its kinds keep their slopes and forget their levels), every
+        slope is unpinned (as after a drift probe), and the other path is re-measured on a real
+        step (:meth:`_remeasure`)."""
+        recent = [sample for step_samples in self.recent_steps for sample in step_samples]
+        for kind in {kind for kind, _, _ in recent}:
+            self.model.fits[kind].reset_level()
+        for fit in self.model.fits.values():
+            fit.unpin_slope()
+        for kind, nbytes, ms in recent:
+            self.model.observe(kind, nbytes, ms)
+        self.stepped_sizes |= {(kind, int(nbytes)) for kind, nbytes, _ in recent}
+        self.recent_steps.clear()
+        self.drift.reset()
+        self._remeasure("drift", self.router.current if self.router.current in PATHS else path)
+
+    def _remeasured(self, path: str, measured: float, predicted: float) -> None:
+        """The re-measuring step's timings are in the fits: after drift the router decides
+        afresh, as after a drift probe."""
+        why = self.remeasure_why
+        if why == "drift":
+            self.n_drift_steps += 1
+            self.router.reset()
+        else:
+            self.n_refresh_steps += 1
+        log.info("hvd_flexcomm: the %s re-measured (%s) on a real step: %.2f ms, predicted %.2f ms "
+                 "before", path, why, measured, predicted)
+        self._end_remeasure()
+
+    def _end_remeasure(self) -> None:
+        self.remeasure_why, self.remeasure_path, self.remeasure_pending = None, None, False
+        self.remeasure_step, self.remeasure_stale = None, set()
+
+    def _remeasure_checks(self, step: int, cr: float) -> None:
+        """Before a decision: give up a re-measure whose timings have not arrived
+        :data:`REMEASURE_MAX_WAIT` steps after its steps were issued (a step whose timings were
+        lost: the route must not hold for ever; after drift the router then decides afresh), and
+        schedule a refresh on a real step when ``reprobe_interval`` steps have passed since the
+        last probe or refresh and its predicted extra time (the predicted difference of the
+        paths, per exploring step) keeps refreshes and spans within ``probe_budget``."""
+        if (self.remeasure_step is not None and not self.remeasure_pending
+                and step - self.remeasure_step > REMEASURE_MAX_WAIT):
+            log.info("hvd_flexcomm: step %d: the %s re-measure of the %s got no timings; the "
+                     "route decides without them", step, self.remeasure_why, self.remeasure_path)
+            if self.remeasure_why == "drift":
+                self.router.reset()
+            self._end_remeasure()
+        interval = self.mode.reprobe_interval
+        route = self.router.current
+        if (not self.reprobes_by_steps or not interval or self.remeasure_why is not None
+                or route not in PATHS or self.path not in PATHS or self.explore_due
+                or self.explore_left > 0 or step - self.last_probe_step < interval):
+            return
+        other = PATHS[1 - PATHS.index(route)]
+        n_steps = 1 if self.route_ks.get(other) == k_for(cr, self.numel) else 2
+        cost_ms = n_steps * max(0.0, self.predicted_ms[other] - self.predicted_ms[route])
+        if not self._within_budget(cost_ms):
+            return
+        self.refresh_ms_total += cost_ms
+        self.last_probe_step = step
+        self._remeasure("refresh", route)
 
     # -- span steps (Adaptive) -------------------------------------------------------------------
     def step_cr(self, step: int, cr: float) -> tuple[float, Optional[str]]:
@@ -483,16 +593,24 @@ class FlexibleController:
         predictions at a warm-up CR are extrapolated from the same fits, so the two compare
         like with like; probing the dense size itself would cost several steps)."""
         self.predicted_ms = self.predict(cr)
-        decision = self.router.decide(step, self.predicted_ms["allgather"],
-                                      self.predicted_ms["allreduce"])
-        path = decision.path
+        self._remeasure_checks(step, cr)
+        if self.remeasure_path is not None and self.router.current is not None:
+            # the path not in use is being re-measured: the route holds until its timings arrive
+            path, switched = self.router.current, False
+        else:
+            afresh = self.router.current is None
+            decision = self.router.decide(step, self.predicted_ms["allgather"],
+                                          self.predicted_ms["allreduce"])
+            path = decision.path
+            # after a re-measure for drift the router decides afresh: a new path is a switch
+            switched = decision.switched or (afresh and self.path in PATHS and path != self.path)
         if step < self.dense_until_step:
             dense_ms = self.model.predict_ms("allreduce", self.reduce_value_bytes * self.numel)
             self.predicted_ms["dense"] = dense_ms
             if dense_ms < (1.0 - self.mode.hysteresis) * self.predicted_ms[path]:
                 path = "dense"
-        path = self._explore(path, cr)
-        if path != self.path and (decision.switched or "dense" in (path, self.path)):
+        path = self._explore(path, cr, step)
+        if path != self.path and (switched or "dense" in (path, self.path)):
             if self.path is not None:
                 self.n_switches += 1
             log.info("hvd_flexcomm: step %d: switching to %s at cr %g (predicted allgather %.2f "
@@ -503,7 +621,7 @@ class FlexibleController:
         self.path = path
         return path
 
-    def _explore(self, path: str, cr: float) -> str:
+    def _explore(self, path: str, cr: float, step: int = 0) -> str:
         """The path of the step being decided: ``path`` (the route's choice), or the other
         sparse path while an exploration runs. After a full or drift probe the chosen path runs
         until one of its steps is warm (its names known to Horovod at this k); then, when the
@@ -516,7 +634,19 @@ class FlexibleController:
         collective alone on idle ranks; steps run them back to back while other ranks select
         their top-k: in the acceptance grid the start-up probe predicted AR-Topk 23% slower than
         its steps (median of 54 cells, 46 of them too slow) and AG-Topk at CR 0.1, 10 ms one
-        way, up to 1.7x, and 4 of 54 cells kept the slower path on those predictions."""
+        way, up to 1.7x, and 4 of 54 cells kept the slower path on those predictions.
+
+        A re-measure (:meth:`_remeasure`) explores the path not in use at once, whatever its
+        prediction (which is stale)."""
+        if self.remeasure_pending and path in PATHS:
+            k = k_for(cr, self.numel)
+            self.remeasure_pending, self.remeasure_step = False, step
+            self.explore_path = self.remeasure_path
+            self.explore_left = 1 if self.route_ks.get(self.explore_path) == k else 2
+            log.info("hvd_flexcomm: step %d: re-measuring the %s (%s) on %d real step(s) at cr %g: "
+                     "predicted %.2f ms against %.2f ms on the %s", step, self.explore_path,
+                     self.remeasure_why, self.explore_left, cr,
+                     self.predicted_ms[self.explore_path], self.predicted_ms[path], path)
         if self.explore_due and path in PATHS:
             k = k_for(cr, self.numel)
             if self.explore_wait is None:
@@ -589,6 +719,10 @@ class FlexibleController:
             log.debug("hvd_flexcomm: %s step at cr %g negotiated its names afresh: %.2f ms "
                       "(predicted %.2f ms) kept out of the model", path, cr, measured, predicted)
             return
+        arrived = exploring and self.remeasure_path == path and not self.remeasure_pending
+        if arrived:  # the path not in use, re-measured on a real step: the old levels go
+            for kind in self.remeasure_stale:
+                self.model.fits[kind].reset_level()
         for kind, nbytes, ms in samples:
             if not self.probe_crs and (kind, nbytes) not in self.stepped_sizes:
                 self.model.fits[kind].drop_size(nbytes)
@@ -597,6 +731,8 @@ class FlexibleController:
         if exploring:
             log.info("hvd_flexcomm: exploring step on the %s at cr %g: %.2f ms (predicted %.2f ms)",
                      path, cr, measured, predicted)
+            if arrived:
+                self._remeasured(path, measured, predicted)
             return
         self.recent_steps.append(samples)
         if (path, k) != self.drift_key:
@@ -604,6 +740,15 @@ class FlexibleController:
             self.drift_key = (path, k)
         if self.drift.update(predicted, measured):
             band = self.drift.last_band
+            if self.reprobes_by_steps:
+                log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms%s "
+                         "for %d steps: the %s is re-anchored on them and the other path is "
+                         "re-measured on a real step", path, measured, predicted,
+                         "" if band is None else
+                         f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms",
+                         self.drift.patience, path)
+                self._drift_by_steps(path)
+                return
             # candidate CRs (Adaptive) need every slope: a full probe, or under span steps a
             # drift probe and a span soon after it; a fixed CR needs its size
             if self.probe_crs and not self.spans_on:
@@ -740,6 +885,7 @@ class FlexibleController:
                 "last_probe_step": self.last_probe_step, "probe_ms_total": self.probe_ms_total,
                 "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
                 "n_drift_probes": self.n_drift_probes, "n_refreshes": self.n_refreshes,
+                "n_drift_steps": self.n_drift_steps, "n_refresh_steps": self.n_refresh_steps,
                 "refresh_ms_total": self.refresh_ms_total,
                 "step_comm_ms_total": self.step_comm_ms_total,
                 "span_ms_total": self.span_ms_total, "last_span_step": self.last_span_step,
@@ -771,6 +917,9 @@ class FlexibleController:
         self.n_full_probes = int(state.get("n_full_probes", 0))
         self.n_drift_probes = int(state.get("n_drift_probes", 0))
         self.n_refreshes = int(state.get("n_refreshes", 0))
+        self.n_drift_steps = int(state.get("n_drift_steps", 0))
+        self.n_refresh_steps = int(state.get("n_refresh_steps", 0))
+        self._end_remeasure()  # a re-measure under way is not resumed (as a drift probe due)
         self.refresh_ms_total = float(state.get("refresh_ms_total", 0.0))
         self.step_comm_ms_total = float(state.get("step_comm_ms_total", 0.0))
         self.span_ms_total = float(state.get("span_ms_total", 0.0))

@@ -366,6 +366,9 @@ class _FlexMethods(torch.optim.Optimizer):
         self.last_stats["probe_kind"] = self._flex_probe_kind
         self.last_stats["cold"] = self._flex_cold
         self.last_stats["exploring"] = self._flex_exploring
+        # an exploring step that re-measures the path not in use: why ("drift", "refresh")
+        self.last_stats["remeasure"] = (ctrl.remeasure_why if self._flex_exploring
+                                        and path == ctrl.remeasure_path else None)
         if not ctrl.probe_due:
             ctrl.decide(self._flex_step + 1, cr)
             self._flex_routed_cr = cr

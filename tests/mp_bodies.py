@@ -37,10 +37,12 @@ def _mode(kind: str, cr: float, granularity: str = "model", bucket_cap_mb: float
                                    bucket_cap_mb=bucket_cap_mb)
     if kind == "dense":
         return hvd_flexcomm.Dense()
-    if kind == "flex":
-        # a budget of 10x the step communication: localhost refreshes every 4 steps
+    if kind in ("flex", "flex_probes"):
+        # a budget of 10x the step communication: localhost refreshes every 4 steps, on real
+        # steps of the path not in use ("flex") or by timed probes ("flex_probes")
         return hvd_flexcomm.Flexible(cr=cr, hysteresis=0.0, reprobe_interval=4, probe_repeats=1,
-                                     probe_budget=10.0)
+                                     probe_budget=10.0,
+                                     reprobe_by="probes" if kind == "flex_probes" else "steps")
     raise ValueError(kind)
 
 
@@ -93,11 +95,11 @@ def compressed_matches_reference(kind: str, cr: float, steps: int = 6, wide: int
         for i, m in enumerate(messages):
             raw = hvd.allgather(_flat(m.params).unsqueeze(0), name=f"ref.raw.{step}.{i}")
             k = hvd_flexcomm.k_for(cr, m.numel)
-            kinds = ("ag", "star") if kind == "flex" else (kind,)
+            kinds = ("ag", "star") if kind.startswith("flex") else (kind,)
             candidates.append({kd: _reference_step(kd, raw + ref_res[i], k, step) for kd in kinds})
         opt.synchronize()
         used = kind
-        if kind == "flex":
+        if kind.startswith("flex"):
             used = "ag" if opt.last_stats["collective"] == "allgather" else "star"
         expected = []
         for i, cand in enumerate(candidates):
@@ -117,13 +119,17 @@ def compressed_matches_reference(kind: str, cr: float, steps: int = 6, wide: int
 
 def flexible_matches_reference(cr: float = 0.05, steps: int = 12) -> dict:
     """Flexible: every step equals the reference of the path it took; paths are the same on
-    every rank (gathered from every rank's last_stats)."""
+    every rank (gathered from every rank's last_stats). Refreshes on real steps (the default),
+    and under ``"by_probes"`` the same with ``reprobe_by="probes"``."""
     import horovod.torch as hvd
 
     r = compressed_matches_reference("flex", cr, steps)
-    codes = torch.tensor([1.0 if s["collective"] == "allgather" else 2.0 for s in r["stats"]])
-    everyone = hvd.allgather(codes.unsqueeze(0), name="flex.paths")
-    r["paths_agree"] = bool((everyone == everyone[0]).all())
+    r["by_probes"] = compressed_matches_reference("flex_probes", cr, steps)
+    for i, run in enumerate((r, r["by_probes"])):
+        codes = torch.tensor([1.0 if s["collective"] == "allgather" else 2.0
+                              for s in run["stats"]])
+        everyone = hvd.allgather(codes.unsqueeze(0), name=f"flex.paths.{i}")
+        run["paths_agree"] = bool((everyone == everyone[0]).all())
     r["probe_ops"] = _probe_op_counts(hvd)
     return r
 

@@ -112,6 +112,35 @@ def test_change_analysis_counts_route_switches_not_exploring_steps():
     assert "NOT met" in bench.report([late], records)[0]
 
 
+def test_change_report_prices_re_measuring_steps_against_the_route_before_them():
+    """A re-measuring step (the path not in use on a real step) costs its wall time minus the
+    median of the last 3 route steps on the same link before it (cold, exploring and probe steps
+    are not route steps); it can be negative. Probing is priced apart (probe ms)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_flexible_change as bench
+
+    def step(i, wall, link=0, **kw):
+        return {"kind": "step", "step": i, "collective": "allgather", "wall_ms": wall,
+                "network": {"index": link, "label": f"net{link}"}, **kw}
+
+    records = [step(0, 900.0, probe_ms=800.0, cold=True), step(1, 100.0), step(2, 120.0),
+               step(3, 110.0), step(4, 400.0, exploring=True, remeasure="refresh"),
+               step(5, 999.0, link=1), step(6, 300.0, link=1), step(7, 200.0, link=1),
+               step(8, 100.0, link=1, exploring=True, remeasure="drift"),
+               step(9, 50.0, link=2, exploring=True, remeasure="drift")]  # no route step before
+    n, extra = bench.remeasure_extra_ms(records)
+    assert n == 2 and extra == pytest.approx((400.0 - 110.0) + (100.0 - 300.0))
+    share = bench.probe_share(records)
+    wall = sum(r["wall_ms"] for r in records)
+    assert share["share_after_start"] == 0.0 and share["remeasure_steps"] == 2
+    assert share["share_after_start_all"] == pytest.approx(90.0 / wall)
+    seg = bench.analyse(records, [0, 5])[0]
+    assert seg["remeasure_steps"] == [(8, "drift"), (9, "drift")]
+    lines = bench.report([seg], records)
+    assert "re-measuring on real steps 8 (drift), 9 (drift)" in lines[0]
+    assert "re-measuring on real steps (2 steps): +90 ms" in lines[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.timeout(300)

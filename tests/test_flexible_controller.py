@@ -42,7 +42,8 @@ def test_startup_probe_spans_sizes_and_decides_cheaper_path():
 def test_network_change_triggers_drift_probe_and_switch():
     """Flexible (a fixed CR): drift re-probes only the unused path at the k in use and
     re-anchors the path in use on the step timings that fired the detector."""
-    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0)
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
+                    reprobe_by="probes")
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
     assert ctrl.decide(0, 0.01) == "allgather"
@@ -72,7 +73,8 @@ def _level_switching_run(drift_noise, steps=80):
     """Allgather timings that switch between two levels 60% apart, in runs of 6 to 12 steps
     (TCP at 10 ms one way does this); every drift fires a drift probe that finds the network
     unchanged. Returns the controller and the steps that fired."""
-    mode = Flexible(cr=0.01, drift_patience=5, drift_noise=drift_noise, reprobe_interval=0)
+    mode = Flexible(cr=0.01, drift_patience=5, drift_noise=drift_noise, reprobe_interval=0,
+                    reprobe_by="probes")
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=100.0)
     assert ctrl.decide(0, 0.01) == "allgather"
@@ -111,7 +113,8 @@ def test_drift_noise_starts_afresh_on_another_path_or_size():
 
 
 def test_drift_probe_after_allreduce_drift_times_the_allgather():
-    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0)
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0,
+                    reprobe_by="probes")
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
     assert ctrl.decide(0, 0.01) == "allreduce"
@@ -148,7 +151,8 @@ def test_after_probe_rejects_an_unknown_kind():
 def test_step_timings_refit_the_path_in_use_and_a_slow_allreduce_fires_drift():
     """Step timings (minima over ranks, as delivered) feed both AR fits; agreement keeps the
     model quiet, a 10x allreduce fires a re-probe after ``drift_patience`` steps."""
-    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0)
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=2, reprobe_interval=0,
+                    reprobe_by="probes")
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
     assert ctrl.decide(0, 0.01) == "allreduce"
@@ -181,7 +185,7 @@ def test_hysteresis_keeps_path_on_near_ties():
 def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
     """A refresh is due after ``reprobe_interval`` steps only while the refreshes' time, this
     one's prediction included, fits in ``probe_budget`` of the measured step communication."""
-    mode = Flexible(cr=0.01, reprobe_interval=10, probe_budget=0.05)
+    mode = Flexible(cr=0.01, reprobe_interval=10, probe_budget=0.05, reprobe_by="probes")
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5)
     assert ctrl.decide(0, 0.01) == "allgather"
@@ -230,10 +234,17 @@ def test_state_round_trip():
     ({"selector": "x"}, "selector"), ({"cr": 0}, "cr"),
     ({"drift_noise": -0.1}, "drift_noise"), ({"drift_noise": 0.5}, "drift_noise"),
     ({"drift_noise": float("nan")}, "drift_noise"), ({"drift_noise": True}, "drift_noise"),
+    ({"reprobe_by": "ops"}, "reprobe_by.*'ops'"), ({"reprobe_by": None}, "reprobe_by"),
 ])
 def test_flexible_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         Flexible(**kwargs)
+
+
+def test_adaptive_re_measures_by_probes_only():
+    assert Adaptive().reprobe_by == "probes" and Flexible().reprobe_by == "steps"
+    with pytest.raises(ValueError, match="reprobe_by must be 'probes', got 'steps'"):
+        Adaptive(reprobe_by="steps")
 
 
 def test_warmup_goes_dense_when_the_dense_allreduce_is_cheaper():
@@ -794,19 +805,21 @@ def _route_steps(ctrl, steps, warm_ms, cr=0.01, cold_factor=4.0):
     before, or now after a probe), its start, then the timings of the step before (they ride in
     this step's payload) and the next decision. ``warm_ms(path)``: (first, second) collective ms
     of a warm step; a cold one takes ``cold_factor`` times that. Returns the paths and the
-    exploring flags, per step."""
+    exploring flags, per step. ``warm_ms`` may take the step as a second argument (a network
+    that changes). No probe may fall due (the caller runs none)."""
     paths, flags, sent, path = [], [], None, None
     for step in steps:
         if path is None:
             path = ctrl.decide(step, cr)
         cold, exploring = ctrl.start_route_step(path, cr)
-        t1, t2 = warm_ms(path)
+        t1, t2 = warm_ms(path, step)
         factor = cold_factor if cold else 1.0
         if sent is not None:
             ctrl.observe_step(sent[0], cr, cold=sent[1], exploring=sent[2])
         sent = ([PATH_CODES[path], factor * t1, factor * t2, 0.0], cold, exploring)
         paths.append(path)
         flags.append(exploring)
+        assert not ctrl.probe_due, step
         path = ctrl.decide(step + 1, cr)
     return paths, flags
 
@@ -825,7 +838,7 @@ def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, ex
            fixed_ms=0.0)
     sizes = ctrl.payload_bytes(10_000)
 
-    def warm_ms(path):
+    def warm_ms(path, step=None):
         if path == "allgather":
             return 1e-6 * sizes["allgather"], 0.0
         return ar_true * sizes["broadcast"], ar_true * sizes["allreduce"]
@@ -860,3 +873,88 @@ def test_exploring_follows_full_and_drift_probes_of_flexible_only():
     off = FlexibleController(Flexible(cr=0.01, explore_within=0), world_size=4, numel=NUMEL)
     _probe(off, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1.1e-6, fixed_ms=0.0)
     assert not off.explore_due
+
+
+@pytest.mark.parametrize("ag_factor, switches", [(20.0, True), (2.0, False)])
+def test_drift_re_measures_the_path_not_in_use_on_a_real_step(ag_factor, switches):
+    """``reprobe_by="steps"`` (the default): at step 10 the allgather in use gets ``ag_factor``
+    times slower. Its timings reach the fits a step late, so the detector fires (3 steps) with
+    the timings of step 12, while step 13 runs; step 14 then runs the allreduce, new to Horovod
+    (explore_within=0: it never ran), for a cold and a warm step, no probe; step 16 holds the
+    allgather while the warm step's timings are in flight; from step 17 the router decides
+    afresh on real steps of both paths: the allgather re-anchored on its slow steps, the
+    allreduce on its step."""
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
+                    explore_within=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
+    sizes = ctrl.payload_bytes(10_000)
+
+    def warm_ms(path, step):
+        if path == "allgather":
+            return (ag_factor if step >= 10 else 1.0) * 1e-6 * sizes["allgather"], 0.0
+        return 1e-5 * sizes["broadcast"], 1e-5 * sizes["allreduce"]
+
+    paths, exploring = _route_steps(ctrl, range(24), warm_ms)
+    assert paths[:14] == ["allgather"] * 14 and not any(exploring[:14])
+    assert paths[14:17] == ["allreduce", "allreduce", "allgather"], paths
+    assert exploring[14:17] == [True, True, False]
+    assert paths[17:] == ["allreduce" if switches else "allgather"] * 7, paths
+    assert not any(exploring[17:])
+    assert ctrl.n_drift_steps == 1 and ctrl.n_drift_probes == 0 and ctrl.n_full_probes == 1
+    assert ctrl.remeasure_why is None and ctrl.n_switches == (1 if switches else 0)
+    assert ctrl.predicted_ms["allgather"] == pytest.approx(sum(warm_ms("allgather", 20)))
+    assert ctrl.predicted_ms["allreduce"] == pytest.approx(sum(warm_ms("allreduce", 20)))
+
+
+def test_refreshes_on_real_steps_stay_within_the_budget():
+    """A refresh under ``reprobe_by="steps"`` is an exploring step on the path not in use, due
+    ``reprobe_interval`` steps after the last one once its predicted extra time (the predicted
+    difference of the paths; twice for a path whose names are new, its first step cold) fits
+    in ``probe_budget`` of the measured communication. At step 30 the allreduce path gets 4x
+    cheaper than the probe measured: the first refresh finds it and the route moves (with its
+    hysteresis; no reset); from then the allgather is the path refreshed."""
+    mode = Flexible(cr=0.01, reprobe_interval=10, probe_budget=0.05, explore_within=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=2e-6, fixed_ms=0.0)
+    sizes = ctrl.payload_bytes(10_000)
+    ag_ms = 1e-6 * sizes["allgather"]
+
+    def warm_ms(path, step):
+        if path == "allgather":
+            return ag_ms, 0.0
+        slope = 0.5e-6 if step >= 30 else 2e-6
+        return slope * sizes["broadcast"], slope * sizes["allreduce"]
+
+    first_extra = 2 * (ctrl.predict(0.01)["allreduce"] - ctrl.predict(0.01)["allgather"])
+    paths, exploring = _route_steps(ctrl, range(120), warm_ms)
+    runs = [i for i in range(len(paths)) if exploring[i] and (i == 0 or not exploring[i - 1])]
+    # the budget: when step s + 1 is decided, the measured communication holds steps 0 to s - 1
+    # (the timings lag a step), step 0 cold (4x): s + 3 warm steps' worth
+    assert runs[0] == math.ceil(first_extra / (0.05 * ag_ms)) - 2, runs
+    assert exploring[runs[0]:runs[0] + 3] == [True, True, False]  # cold + warm allreduce
+    assert paths[runs[0] + 3] == "allreduce" and not exploring[runs[0] + 3]
+    assert all(paths[i] == ("allgather" if exploring[i] else "allreduce")
+               for i in range(runs[0] + 3, len(paths)))
+    assert all(b - a >= mode.reprobe_interval for a, b in zip(runs, runs[1:])), runs
+    assert ctrl.n_refresh_steps == len(runs) >= 3 and ctrl.n_refreshes == 0
+    assert ctrl.refresh_ms_total <= mode.probe_budget * ctrl.step_comm_ms_total
+    assert ctrl.predicted_ms["allgather"] == pytest.approx(ag_ms)
+
+
+def test_a_re_measure_whose_timings_never_arrive_is_given_up():
+    """The route holds while the path not in use is re-measured; if that step's timings never
+    arrive (a step lost), the route decides again REMEASURE_MAX_WAIT steps after it."""
+    from hvd_flexcomm.flexible import REMEASURE_MAX_WAIT
+
+    ctrl = FlexibleController(Flexible(cr=0.01, reprobe_interval=0), world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    ctrl.explore_due = False
+    ctrl._remeasure("drift", "allgather")
+    assert ctrl.decide(1, 0.01) == "allreduce" and ctrl.route_ks.get("allreduce") is None
+    assert [ctrl.decide(s, 0.01) for s in range(2, 2 + REMEASURE_MAX_WAIT)] == (
+        ["allreduce"] + ["allgather"] * (REMEASURE_MAX_WAIT - 1))  # cold + warm, then held
+    assert ctrl.remeasure_why == "drift"
+    assert ctrl.decide(2 + REMEASURE_MAX_WAIT, 0.01) == "allgather"
+    assert ctrl.remeasure_why is None and ctrl.router.current == "allgather"

@@ -123,21 +123,29 @@ def test_accuracy_within_one_point_of_dense_on_fashion_mnist():
 @pytest.mark.parametrize("np_", [2, 4])
 def test_flexible_paths_agree_and_match_reference(np_):
     for r in run_parallel("tests.mp_bodies:flexible_matches_reference", np=np_, timeout=180):
-        _check_reference(r, np_, "flex")
-        assert r["paths_agree"]
-        for s in r["stats"]:
-            assert set(s["predicted_ms"]) == {"allgather", "allreduce"}
-            assert s["measured_ms"] > 0
-        assert r["stats"][0]["probe_ms"] > 0  # start-up calibration
-        # a fixed CR: a step is cold (its names negotiated afresh, kept out of the fits) on its
-        # path's first use only
-        seen = set()
-        for s in r["stats"]:
-            assert s["cold"] == (s["collective"] not in seen), [x["cold"] for x in r["stats"]]
-            seen.add(s["collective"])
-        # time outside synchronize (here the test's own reference collectives and backward)
-        assert r["stats"][0]["other_ms"] is None and all(s["other_ms"] > 0 for s in r["stats"][1:])
-        assert any(s["probe_ms"] > 0 for s in r["stats"][1:])  # periodic refresh (interval 4)
+        for run in (r, r["by_probes"]):
+            _check_reference(run, np_, "flex")
+            assert run["paths_agree"]
+            for s in run["stats"]:
+                assert set(s["predicted_ms"]) == {"allgather", "allreduce"}
+                assert s["measured_ms"] > 0
+            assert run["stats"][0]["probe_ms"] > 0  # start-up calibration
+            # a fixed CR: a step is cold (its names negotiated afresh, kept out of the fits) on
+            # its path's first use only
+            seen = set()
+            for s in run["stats"]:
+                assert s["cold"] == (s["collective"] not in seen), [x["cold"] for x in run["stats"]]
+                seen.add(s["collective"])
+            # time outside synchronize (here the test's own reference collectives and backward)
+            assert run["stats"][0]["other_ms"] is None
+            assert all(s["other_ms"] > 0 for s in run["stats"][1:])
+        # periodic refreshes (interval 4): on real steps of the path not in use by default, no
+        # probe after the start-up one; by timed probes under reprobe_by="probes"
+        assert not any(s["probe_ms"] > 0 for s in r["stats"][1:])
+        refreshed = [s for s in r["stats"] if s["remeasure"] == "refresh"]
+        assert refreshed and all(s["exploring"] for s in refreshed)
+        assert any(s["probe_ms"] > 0 for s in r["by_probes"]["stats"][1:])
+        assert not any(s["remeasure"] for s in r["by_probes"]["stats"])
         # run_probes on real collectives: a size's first use adds one warm-up op (and the
         # broadcast's barrier name one), later uses and refreshes (warm_up=False) not; each of
         # the 2 timed broadcasts is followed by its barrier allreduce, and one allgather
