@@ -641,6 +641,7 @@ class FlexibleController:
         if self.remeasure_pending and path in PATHS:
             k = k_for(cr, self.numel)
             self.remeasure_pending, self.remeasure_step = False, step
+            self.last_probe_step = step  # the next refresh counts from here, as from a probe
             self.explore_path = self.remeasure_path
             self.explore_left = 1 if self.route_ks.get(self.explore_path) == k else 2
             log.info("hvd_flexcomm: step %d: re-measuring the %s (%s) on %d real step(s) at cr %g: "
