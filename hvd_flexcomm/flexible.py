@@ -73,6 +73,11 @@ AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
 REMEASURE_MAX_WAIT = 5
 
 
+def _other_path(path: str) -> str:
+    """The sparse path that is not ``path``."""
+    return PATHS[1 - PATHS.index(path)]
+
+
 class FlexibleController:
     """Calibrated cost model + router + drift detector for one message of ``numel`` elements.
 
@@ -183,11 +188,10 @@ class FlexibleController:
         self.stepped_sizes: set = set()
         # Re-measuring by steps (Flexible with ``reprobe_by="steps"``, see :meth:`_remeasure`):
         # why the path not in use is being re-measured ("drift" or "refresh"; None: it is not),
-        # that path, whether its exploring steps are still to be issued, the step they were
-        # issued at, the kinds whose levels its timings replace, and the counts.
+        # that path, the step its exploring steps were issued at (None: still to be issued,
+        # :attr:`remeasure_pending`), the kinds whose levels its timings replace, and the counts.
         self.remeasure_why: Optional[str] = None
         self.remeasure_path: Optional[str] = None
-        self.remeasure_pending = False
         self.remeasure_step: Optional[int] = None
         self.remeasure_stale: set = set()
         self.n_drift_steps = 0
@@ -210,6 +214,11 @@ class FlexibleController:
         if self.mode.selector == "var":
             ar += self.model.predict_ms("allgather", 8)
         return {"allgather": ag, "allreduce": ar}
+
+    def _explore_steps(self, path: str, k: int) -> int:
+        """Steps an exploration of ``path`` at ``k`` runs: 1 when its names last ran at this k
+        in this process, else 2 (the first is cold, :meth:`start_route_step`, and not timed)."""
+        return 1 if self.route_ks.get(path) == k else 2
 
     def _path_kinds(self, path: str) -> set:
         """The collective kinds whose fits ``path``'s prediction reads."""
@@ -328,13 +337,7 @@ class FlexibleController:
             for coll in probed:
                 self.model.fits[coll].reset_level()
         else:
-            recent = [sample for step_samples in self.recent_steps for sample in step_samples]
-            for coll in probed | {coll for coll, _, _ in recent}:
-                self.model.fits[coll].reset_level()
-            for fit in self.model.fits.values():  # the new network's slopes may replace them
-                fit.unpin_slope()
-            for coll, nbytes, ms in recent:
-                self.model.observe(coll, nbytes, ms)
+            recent = self._reanchor_on_recent_steps(probed)
             self.drift_anchor_bytes = {coll: int(nbytes) for coll, nbytes, _ in recent + results}
         for coll, nbytes, ms in results:
             self.model.observe(coll, nbytes, ms)
@@ -417,24 +420,30 @@ class FlexibleController:
         step's timings arrive (:meth:`decide`), which replace the levels of the kinds that path
         alone reads (:meth:`observe_step`, :meth:`_remeasured`). Shared state only: every rank
         schedules alike."""
-        other = PATHS[1 - PATHS.index(route)]
-        self.remeasure_why, self.remeasure_path, self.remeasure_pending = why, other, True
-        self.remeasure_step = None
+        other = _other_path(route)
+        self.remeasure_why, self.remeasure_path, self.remeasure_step = why, other, None
         self.remeasure_stale = self._path_kinds(other) - self._path_kinds(route)
         self.explore_due, self.explore_wait, self.explore_left = False, None, 0
 
-    def _drift_by_steps(self, path: str) -> None:
-        """Drift under ``reprobe_by="steps"``: the path in use is re-anchored on the step timings
-        that fired the detector (its kinds keep their slopes and forget their levels), every
-        slope is unpinned (as after a drift probe), and the other path is re-measured on a real
-        step (:meth:`_remeasure`)."""
+    def _reanchor_on_recent_steps(self, also: set = frozenset()) -> list:
+        """After drift (a drift probe, or a re-measure on steps): the kinds of the recent step
+        timings that fired the detector, and ``also``, keep their slopes and forget their
+        levels; every slope is unpinned (the new network's slopes may replace them); the recent
+        timings are fed back. Returns them ``[(kind, bytes, ms), ...]``."""
         recent = [sample for step_samples in self.recent_steps for sample in step_samples]
-        for kind in {kind for kind, _, _ in recent}:
+        for kind in set(also) | {kind for kind, _, _ in recent}:
             self.model.fits[kind].reset_level()
         for fit in self.model.fits.values():
             fit.unpin_slope()
         for kind, nbytes, ms in recent:
             self.model.observe(kind, nbytes, ms)
+        return recent
+
+    def _drift_by_steps(self, path: str) -> None:
+        """Drift under ``reprobe_by="steps"``: the path in use is re-anchored on the step timings
+        that fired the detector (:meth:`_reanchor_on_recent_steps`) and the other path is
+        re-measured on a real step (:meth:`_remeasure`)."""
+        recent = self._reanchor_on_recent_steps()
         self.stepped_sizes |= {(kind, int(nbytes)) for kind, nbytes, _ in recent}
         self.recent_steps.clear()
         self.drift.reset()
@@ -454,8 +463,13 @@ class FlexibleController:
         self._end_remeasure()
 
     def _end_remeasure(self) -> None:
-        self.remeasure_why, self.remeasure_path, self.remeasure_pending = None, None, False
+        self.remeasure_why, self.remeasure_path = None, None
         self.remeasure_step, self.remeasure_stale = None, set()
+
+    @property
+    def remeasure_pending(self) -> bool:
+        """A re-measure is scheduled and its exploring steps are not issued yet."""
+        return self.remeasure_why is not None and self.remeasure_step is None
 
     def _remeasure_checks(self, step: int, cr: float) -> None:
         """Before a decision: give up a re-measure whose timings have not arrived
@@ -464,8 +478,7 @@ class FlexibleController:
         schedule a refresh on a real step when ``reprobe_interval`` steps have passed since the
         last probe or refresh and its predicted extra time (the predicted difference of the
         paths, per exploring step) keeps refreshes and spans within ``probe_budget``."""
-        if (self.remeasure_step is not None and not self.remeasure_pending
-                and step - self.remeasure_step > REMEASURE_MAX_WAIT):
+        if self.remeasure_step is not None and step - self.remeasure_step > REMEASURE_MAX_WAIT:
             log.info("hvd_flexcomm: step %d: the %s re-measure of the %s got no timings; the "
                      "route decides without them", step, self.remeasure_why, self.remeasure_path)
             if self.remeasure_why == "drift":
@@ -477,8 +490,8 @@ class FlexibleController:
                 or route not in PATHS or self.path not in PATHS or self.explore_due
                 or self.explore_left > 0 or step - self.last_probe_step < interval):
             return
-        other = PATHS[1 - PATHS.index(route)]
-        n_steps = 1 if self.route_ks.get(other) == k_for(cr, self.numel) else 2
+        other = _other_path(route)
+        n_steps = self._explore_steps(other, k_for(cr, self.numel))
         cost_ms = n_steps * max(0.0, self.predicted_ms[other] - self.predicted_ms[route])
         if not self._within_budget(cost_ms):
             return
@@ -640,10 +653,10 @@ class FlexibleController:
         prediction (which is stale)."""
         if self.remeasure_pending and path in PATHS:
             k = k_for(cr, self.numel)
-            self.remeasure_pending, self.remeasure_step = False, step
+            self.remeasure_step = step
             self.last_probe_step = step  # the next refresh counts from here, as from a probe
             self.explore_path = self.remeasure_path
-            self.explore_left = 1 if self.route_ks.get(self.explore_path) == k else 2
+            self.explore_left = self._explore_steps(self.explore_path, k)
             log.info("hvd_flexcomm: step %d: re-measuring the %s (%s) on %d real step(s) at cr %g: "
                      "predicted %.2f ms against %.2f ms on the %s", step, self.explore_path,
                      self.remeasure_why, self.explore_left, cr,
@@ -656,10 +669,10 @@ class FlexibleController:
                 self.explore_wait -= 1
                 return path
             self.explore_due, self.explore_wait = False, None
-            other = PATHS[1 - PATHS.index(path)]
+            other = _other_path(path)
             if self.predicted_ms[other] <= self.mode.explore_within * self.predicted_ms[path]:
                 self.explore_path = other
-                self.explore_left = 1 if self.route_ks.get(other) == k else 2
+                self.explore_left = self._explore_steps(other, k)
                 self.n_explorations += 1
                 log.info("hvd_flexcomm: exploring the %s for %d step(s) at cr %g: predicted "
                          "%.2f ms against %.2f ms on the %s", other, self.explore_left, cr,
@@ -819,7 +832,7 @@ class FlexibleController:
         self._end_span()
         if after_drift and self.span_other_due:  # the other sparse path's span, at once
             self.span_other_due = False
-            self.span_second_path = "allreduce" if path == "allgather" else "allgather"
+            self.span_second_path = _other_path(path)
             self.span_soon_step = 0
         if not timed:  # its steps ran on another path, or only its cold step was timed
             return
