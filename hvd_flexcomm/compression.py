@@ -152,7 +152,9 @@ class Flexible(TopkCompression):
       the communication time measured in steps (> 0; 0.02: at most 2%); start-up and drift
       re-measurements are not budgeted (without them the model is wrong).
     - ``probe_repeats``: timed repetitions per probe size at start-up and after drift (two sizes
-      per collective kind; a size's first probe also runs one untimed warm-up op).
+      per collective kind; a size's first probe also runs one untimed warm-up op). The start-up
+      probe times the size in use once whatever this is: the first warm step of each path
+      replaces that timing.
     - ``reprobe_by``: how the path *not* in use is re-measured after drift and by the
       refreshes. ``"steps"`` (the default): it runs one real training step (two when its names
       are new to Horovod at this k; the first, cold, is not timed), an *exploring* step as
@@ -160,14 +162,16 @@ class Flexible(TopkCompression):
       difference from the path in use (nothing when the network change made it the cheaper
       one), and it measures what steps send, where a probe times each collective alone on
       idle ranks. After drift the route holds until that step's timings arrive, then the
-      router decides afresh. A refresh runs while its predicted extra time (the predicted
-      difference of the paths, per step) fits in ``probe_budget``. ``"probes"``: timed probe
-      collectives at the k in use, ``probe_repeats`` per kind after drift (a *drift probe*),
-      one per refresh. In ``benchmarks/bench_flexible_change.py`` (N=2, 11.7M entries, CR 0.1,
-      110 steps, two network changes; three runs of each mode at 0c52e2f) the drift probes took
-      2.8-3.9% of the steps' time, the re-measuring steps -0.5% to +0.1%, and both switched
-      within the 20-step target. Adaptive accepts ``"probes"`` only: its candidate CRs need
-      every slope, which spans and probes measure.
+      router decides afresh; if it leaves the path in use, that path gets one more exploring
+      step a few steps later (a *recheck*, ``flexible.RECHECK_AFTER_STEPS``), so a transient
+      burst of slow steps does not keep the route off it. A refresh runs while its predicted
+      extra time (the predicted difference of the paths, per step) fits in ``probe_budget``.
+      ``"probes"``: timed probe collectives at the k in use, ``probe_repeats`` per kind after
+      drift (a *drift probe*), one per refresh. In ``benchmarks/bench_flexible_change.py`` (N=2,
+      11.7M entries, CR 0.1, 110 steps, two network changes; three runs of each mode at 0c52e2f)
+      the drift probes took 2.8-3.9% of the steps' time, the re-measuring steps -0.5% to +0.1%,
+      and both switched within the 20-step target. Adaptive accepts ``"probes"`` only: its
+      candidate CRs need every slope, which spans and probes measure.
     - ``explore_within``: after a start-up or drift probe, when the path not chosen is predicted
       within this factor of the chosen one, the route runs it for one warm step (two when its
       names are new to Horovod) so that a real step, not a probe, measures it; then it decides

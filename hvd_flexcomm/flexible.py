@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
 from .compression import Flexible
@@ -71,6 +71,15 @@ AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
 #: A re-measure on real steps (``reprobe_by="steps"``) whose timings have not arrived this many
 #: steps after its steps were issued is given up (they arrive 1-2 steps later, 3 with a cold step).
 REMEASURE_MAX_WAIT = 5
+
+#: After drift moved the route to the other path (``reprobe_by="steps"``), the path it left is
+#: re-measured on one real step this many steps later (a *recheck*). Drift re-anchors the path
+#: in use on the burst of steps that fired the detector, and a burst can be transient: in the
+#: acceptance grid at 9754ac3 (N = 2, 0.1 ms one way, unlimited rate, CR 0.01) Flexible's first
+#: AG-Topk steps ran twice the fixed run's median, the drift re-measure moved the route to
+#: AR-Topk (1.47x slower there) and, without a second look, it stayed there until the refresh
+#: 100 steps later. A recheck costs one step's difference of the paths.
+RECHECK_AFTER_STEPS = 5
 
 
 def _other_path(path: str) -> str:
@@ -196,6 +205,10 @@ class FlexibleController:
         self.remeasure_stale: set = set()
         self.n_drift_steps = 0
         self.n_refresh_steps = 0
+        #: the step from which the path left by a switch after drift is re-measured once more
+        #: (:data:`RECHECK_AFTER_STEPS`; None: none due), and the count of such rechecks
+        self.recheck_step: Optional[int] = None
+        self.n_recheck_steps = 0
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -234,25 +247,28 @@ class FlexibleController:
         return not self.probe_crs and getattr(self.mode, "reprobe_by", "probes") == "steps"
 
     # -- probing ---------------------------------------------------------------------------------
-    def probe_plan(self, step: int, cr: float) -> tuple[list[tuple[str, int]], int, str]:
+    def probe_plan(self, step: int, cr: float
+                   ) -> tuple[list[tuple[str, int]], Union[int, list[int]], str]:
         """``(plan, repeats, kind)`` of the probes due before ``step``, or an empty plan.
 
         ``"full"`` (start-up; after drift when there are candidate CRs): two sizes per collective
         kind, the ends of the span ``k/8 .. k`` (or of the k of every CR in ``probe_crs``),
-        ``probe_repeats`` timings each. ``"drift"`` (after drift under Flexible, whose CR is
-        fixed): the kinds of the path not in use, at the current ``k`` only, ``probe_repeats``
-        timings each; the path in use is re-anchored on the step timings that fired the drift
-        detector. A line through the one size in use predicts that size exactly whatever the
-        slope, and it is the only size a fixed CR sends: 4 timed ops (allgather in use) or 2
-        (allreduce in use) instead of a full probe's 12, at the default ``probe_repeats=2``.
-        ``"refresh"``: the kinds of the path not in use, once each at the current
-        ``k`` (no warm-up op), when ``reprobe_interval`` steps have passed since the last probe
-        **and** the refreshes' total time, this one's prediction included, stays within
-        ``probe_budget`` of the communication time measured in steps (both sums are of shared
-        timings, so every rank decides alike; a refresh counts its timed ops plus the predicted
-        allgather that combines their timings over ranks and a broadcast's barrier).
-        Under ``reprobe_by="steps"`` (Flexible's default) neither a drift probe nor a refresh
-        is planned: the path not in use runs real steps instead (:meth:`_remeasure`).
+        ``probe_repeats`` timings each, except Flexible's size in use ``k``, timed once (the first
+        warm step of each path replaces the probe's timings at ``k``, see :meth:`observe_step`, so a
+        second timing there would cost about one more op of that size for nothing kept). ``repeats``
+        is then one count per plan entry. ``"drift"`` (after drift under Flexible, whose CR is fixed):
+        the kinds of the path not in use, at the current ``k`` only, ``probe_repeats`` timings each;
+        the path in use is re-anchored on the step timings that fired the drift detector. A line
+        through the one size in use predicts that size exactly whatever the slope, and it is the only
+        size a fixed CR sends: 4 timed ops (allgather in use) or 2 (allreduce in use) instead of a
+        full probe's 9, at the default ``probe_repeats=2``. ``"refresh"``: the kinds of the path not
+        in use, once each at the current ``k`` (no warm-up op), when ``reprobe_interval`` steps have
+        passed since the last probe **and** the refreshes' total time, this one's prediction included,
+        stays within ``probe_budget`` of the communication time measured in steps (both sums are of
+        shared timings, so every rank decides alike; a refresh counts its timed ops plus the predicted
+        allgather that combines their timings over ranks and a broadcast's barrier). Under
+        ``reprobe_by="steps"`` (Flexible's default) neither a drift probe nor a refresh is planned:
+        the path not in use runs real steps instead (:meth:`_remeasure`).
         """
         k = k_for(cr, self.numel)
         if self.full_probe_due:
@@ -260,11 +276,16 @@ class FlexibleController:
             if self.probe_crs:
                 crs = list(self.probe_crs) + ([cr] if cr <= max(self.probe_crs) else [])
             ks = probe_ks(self.numel, crs)
-            plan = [(kind, self.payload_bytes(kk)[kind]) for kind in ("allgather", "broadcast",
-                                                                       "allreduce") for kk in ks]
+            entries = [(kind, kk) for kind in ("allgather", "broadcast", "allreduce") for kk in ks]
+            plan = [(kind, self.payload_bytes(kk)[kind]) for kind, kk in entries]
+            # Flexible's size in use is timed once: the first warm step of each path replaces
+            # that timing (observe_step); the smaller size keeps the slope, probe_repeats times
+            repeats = [1 if not self.probe_crs and kk == max(ks) and len(ks) > 1
+                       else self.mode.probe_repeats for _, kk in entries]
             if self.mode.selector == "var":
                 plan.append(("allgather", 8))
-            return plan, self.mode.probe_repeats, "full"
+                repeats.append(self.mode.probe_repeats)
+            return plan, repeats, "full"
         if self.drift_probe_due:
             plan = self._unused_path_plan(k)
             if self.mode.selector == "var" and self.path == "allgather":
@@ -414,7 +435,8 @@ class FlexibleController:
 
     # -- re-measuring by steps (Flexible, reprobe_by="steps") -------------------------------------
     def _remeasure(self, why: str, route: str) -> None:
-        """Schedule a re-measure of the path not in use (``why``: "drift" or "refresh") on real
+        """Schedule a re-measure of the path not in use (``why``: "drift", "refresh" or
+        "recheck", see :data:`RECHECK_AFTER_STEPS`) on real
         steps: at the next decision it runs for one step (two when its names are new to Horovod
         at this k, the first cold and not timed, :meth:`_explore`); the route holds until that
         step's timings arrive (:meth:`decide`), which replace the levels of the kinds that path
@@ -447,6 +469,7 @@ class FlexibleController:
         self.stepped_sizes |= {(kind, int(nbytes)) for kind, nbytes, _ in recent}
         self.recent_steps.clear()
         self.drift.reset()
+        self.recheck_step = None  # this drift's re-measure decides whether one is due
         self._remeasure("drift", self.router.current if self.router.current in PATHS else path)
 
     def _remeasured(self, path: str, measured: float, predicted: float) -> None:
@@ -456,6 +479,8 @@ class FlexibleController:
         if why == "drift":
             self.n_drift_steps += 1
             self.router.reset()
+        elif why == "recheck":
+            self.n_recheck_steps += 1
         else:
             self.n_refresh_steps += 1
         log.info("hvd_flexcomm: the %s re-measured (%s) on a real step: %.2f ms, predicted %.2f ms "
@@ -474,8 +499,10 @@ class FlexibleController:
     def _remeasure_checks(self, step: int, cr: float) -> None:
         """Before a decision: give up a re-measure whose timings have not arrived
         :data:`REMEASURE_MAX_WAIT` steps after its steps were issued (a step whose timings were
-        lost: the route must not hold for ever; after drift the router then decides afresh), and
-        schedule a refresh on a real step when ``reprobe_interval`` steps have passed since the
+        lost: the route must not hold for ever; after drift the router then decides afresh),
+        schedule the recheck of the path a switch after drift left once ``recheck_step`` has
+        come (unbudgeted, as the drift re-measure it completes; the router keeps its hysteresis),
+        and schedule a refresh on a real step when ``reprobe_interval`` steps have passed since the
         last probe or refresh and its predicted extra time (the predicted difference of the
         paths, per exploring step) keeps refreshes and spans within ``probe_budget``."""
         if self.remeasure_step is not None and step - self.remeasure_step > REMEASURE_MAX_WAIT:
@@ -484,8 +511,15 @@ class FlexibleController:
             if self.remeasure_why == "drift":
                 self.router.reset()
             self._end_remeasure()
-        interval = self.mode.reprobe_interval
         route = self.router.current
+        if (self.recheck_step is not None and step >= self.recheck_step
+                and self.remeasure_why is None and route in PATHS and self.path in PATHS
+                and not self.explore_due and self.explore_left == 0):
+            self.recheck_step = None
+            self.last_probe_step = step
+            self._remeasure("recheck", route)
+            return
+        interval = self.mode.reprobe_interval
         if (not self.reprobes_by_steps or not interval or self.remeasure_why is not None
                 or route not in PATHS or self.path not in PATHS or self.explore_due
                 or self.explore_left > 0 or step - self.last_probe_step < interval):
@@ -615,8 +649,12 @@ class FlexibleController:
             decision = self.router.decide(step, self.predicted_ms["allgather"],
                                           self.predicted_ms["allreduce"])
             path = decision.path
-            # after a re-measure for drift the router decides afresh: a new path is a switch
-            switched = decision.switched or (afresh and self.path in PATHS and path != self.path)
+            # after a re-measure for drift the router decides afresh: a new path is a switch,
+            # and the path it leaves gets a second look (a recheck) a few steps later
+            after_drift = afresh and self.path in PATHS and path != self.path
+            switched = decision.switched or after_drift
+            if after_drift and self.reprobes_by_steps:
+                self.recheck_step = step + RECHECK_AFTER_STEPS
         if step < self.dense_until_step:
             dense_ms = self.model.predict_ms("allreduce", self.reduce_value_bytes * self.numel)
             self.predicted_ms["dense"] = dense_ms
@@ -900,6 +938,7 @@ class FlexibleController:
                 "n_switches": self.n_switches, "n_full_probes": self.n_full_probes,
                 "n_drift_probes": self.n_drift_probes, "n_refreshes": self.n_refreshes,
                 "n_drift_steps": self.n_drift_steps, "n_refresh_steps": self.n_refresh_steps,
+                "n_recheck_steps": self.n_recheck_steps, "recheck_step": self.recheck_step,
                 "refresh_ms_total": self.refresh_ms_total,
                 "step_comm_ms_total": self.step_comm_ms_total,
                 "span_ms_total": self.span_ms_total, "last_span_step": self.last_span_step,
@@ -933,6 +972,8 @@ class FlexibleController:
         self.n_refreshes = int(state.get("n_refreshes", 0))
         self.n_drift_steps = int(state.get("n_drift_steps", 0))
         self.n_refresh_steps = int(state.get("n_refresh_steps", 0))
+        self.n_recheck_steps = int(state.get("n_recheck_steps", 0))
+        self.recheck_step = state.get("recheck_step")
         self._end_remeasure()  # a re-measure under way is not resumed (as a drift probe due)
         self.refresh_ms_total = float(state.get("refresh_ms_total", 0.0))
         self.step_comm_ms_total = float(state.get("step_comm_ms_total", 0.0))

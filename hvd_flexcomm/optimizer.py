@@ -366,7 +366,8 @@ class _FlexMethods(torch.optim.Optimizer):
         self.last_stats["probe_kind"] = self._flex_probe_kind
         self.last_stats["cold"] = self._flex_cold
         self.last_stats["exploring"] = self._flex_exploring
-        # an exploring step that re-measures the path not in use: why ("drift", "refresh")
+        # an exploring step that re-measures the path not in use: why ("drift", "refresh",
+        # "recheck")
         self.last_stats["remeasure"] = (ctrl.remeasure_why if self._flex_exploring
                                         and path == ctrl.remeasure_path else None)
         if not ctrl.probe_due:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -46,10 +46,11 @@ def _warm_up(hvd: Any, ops: Sequence[tuple[str, str, torch.Tensor]], kw: dict) -
         hvd.synchronize(handle)
 
 
-def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_set: Any = None,
-               tag: str = "probe", warmed: Optional[set] = None,
+def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Sequence[int]],
+               process_set: Any = None, tag: str = "probe", warmed: Optional[set] = None,
                warm_up: bool = True) -> list[tuple[str, int, float]]:
-    """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times.
+    """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (one count for every entry,
+    or one count per entry, each >= 1).
 
     ``kind`` is ``"allgather"`` (``nbytes`` per rank), ``"broadcast"`` (from rank 0) or
     ``"allreduce"``. Each op is named by ``tag``, kind and size; the first op of a name pays
@@ -67,6 +68,10 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     for kind, _ in plan:
         if kind not in KINDS:
             raise ValueError(f"unknown probe kind {kind!r}")
+    counts = [int(repeats)] * len(plan) if isinstance(repeats, int) else [int(r) for r in repeats]
+    if len(counts) != len(plan) or any(r < 1 for r in counts):
+        raise ValueError(f"repeats must be one count >= 1 or one per plan entry ({len(plan)}), "
+                         f"got {repeats!r}")
     kw = {} if process_set is None else {"process_set": process_set}
     ops = []
     for kind, nbytes in plan:
@@ -84,8 +89,8 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: int, process_
     samples: list[tuple[str, int]] = []
     timings: list[float] = []
     after: list[float] = []  # each timing's barrier ms (a broadcast's), else 0
-    for kind, name, buf in ops:
-        for _ in range(repeats):
+    for (kind, name, buf), count in zip(ops, counts):
+        for _ in range(count):
             t0 = time.perf_counter()
             hvd.synchronize(_start(hvd, kind, buf, name, kw))
             t1 = time.perf_counter()

@@ -672,7 +672,9 @@ def test_a_checkpoint_keeps_the_announcement_in_flight():
 def _timed_plan(flex, step, cr, lines):
     """Run ``flex``'s due probe on a synthetic network: ``lines[kind] = (fixed ms, ms per byte)``."""
     plan, repeats, kind = flex.probe_plan(step, cr)
-    results = [(k, b, lines[k][0] + lines[k][1] * b) for k, b in plan for _ in range(repeats)]
+    counts = [repeats] * len(plan) if isinstance(repeats, int) else repeats
+    results = [(k, b, lines[k][0] + lines[k][1] * b) for (k, b), count in zip(plan, counts)
+               for _ in range(count)]
     flex.after_probe(step, results, kind, spent_ms=1.0)
     return kind
 

@@ -15,10 +15,11 @@ def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0, spread=
     """Run the due probe on a linear network; ``spread(kind, nbytes)``: one factor per repeat
     on that size's timing (default: every repeat times the line exactly)."""
     plan, repeats, what = ctrl.probe_plan(step, cr)
+    counts = [repeats] * len(plan) if isinstance(repeats, int) else repeats
     results = []
-    for kind, nbytes in plan:
+    for (kind, nbytes), count in zip(plan, counts, strict=True):
         slope = ag_ms_per_byte if kind == "allgather" else ar_ms_per_byte
-        factors = spread(kind, nbytes) if spread is not None else (1.0,) * repeats
+        factors = spread(kind, nbytes) if spread is not None else (1.0,) * count
         results += [(kind, nbytes, f * (fixed_ms + slope * nbytes)) for f in factors]
     ctrl.after_probe(step, results, what, spent_ms=5.0)
     return plan, what
@@ -26,9 +27,12 @@ def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0, spread=
 
 def test_startup_probe_spans_sizes_and_decides_cheaper_path():
     ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
+    plan, repeats, _ = ctrl.probe_plan(0, 0.01)
+    sizes_k, sizes_k8 = ctrl.payload_bytes(10_000), ctrl.payload_bytes(1_250)
+    # the size in use once (its first warm step replaces that timing), k/8 probe_repeats times
+    assert repeats == [1 if b == sizes_k[kind] else 2 for kind, b in plan]
     plan, what = _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6)
     assert what == "full" and {k for k, _ in plan} == {"allgather", "broadcast", "allreduce"}
-    sizes_k, sizes_k8 = ctrl.payload_bytes(10_000), ctrl.payload_bytes(1_250)
     for kind in ("allgather", "broadcast", "allreduce"):  # the two ends of k/8 .. k
         assert sorted(b for k, b in plan if k == kind) == sorted({sizes_k8[kind], sizes_k[kind]})
     assert ctrl.decide(0, 0.01) == "allreduce"
@@ -163,8 +167,9 @@ def test_step_timings_refit_the_path_in_use_and_a_slow_allreduce_fires_drift():
     for _ in range(6):
         ctrl.observe_step([PATH_CODES["allreduce"], bcast_ms, ar_ms, 0.0, 0.0], 0.01)
         assert not ctrl.probe_due
-    # the first step's timings replaced the probe's at that size (probe_repeats of them)
-    assert ctrl.model.fits["broadcast"].n_samples == n_bcast - 2 + 6
+    # the first step's timings replaced the probe's at that size (one: the size in use is
+    # timed once)
+    assert ctrl.model.fits["broadcast"].n_samples == n_bcast - 1 + 6
     assert ctrl.model.predict_ms("broadcast", sizes["broadcast"]) == pytest.approx(bcast_ms)
     for _ in range(2):
         assert not ctrl.probe_due
@@ -299,6 +304,15 @@ def _span_ctrl(ag_ms_per_byte=1e-6, **kw):
     return ctrl
 
 
+@pytest.mark.parametrize("repeats", [0, [1, 2], [2, 0, 1]])
+def test_run_probes_rejects_bad_repeat_counts(repeats):
+    from hvd_flexcomm.probing import run_probes
+
+    plan = [("allgather", 400), ("broadcast", 40), ("allreduce", 400)]
+    with pytest.raises(ValueError, match="repeats must be"):
+        run_probes(None, plan, repeats)  # checked before any collective
+
+
 def test_adaptive_times_each_probe_size_once():
     """Adaptive's probes time each size once (``probe_repeats=1``; Flexible's default is 2): the
     start-up probe is 6 timed ops, the two ends of the candidates for each kind."""
@@ -308,7 +322,7 @@ def test_adaptive_times_each_probe_size_once():
     ctrl = FlexibleController(Adaptive(cr=0.01), world_size=2, numel=NUMEL)
     ctrl.probe_crs = (0.1, 0.01, 0.001)
     plan, repeats, what = ctrl.probe_plan(0, 0.01)
-    assert what == "full" and repeats == 1 and len(plan) == 6
+    assert what == "full" and repeats == [1] * 6 and len(plan) == 6
 
 
 def _ag_control(ms):
@@ -895,16 +909,61 @@ def test_drift_re_measures_the_path_not_in_use_on_a_real_step(ag_factor, switche
             return (ag_factor if step >= 10 else 1.0) * 1e-6 * sizes["allgather"], 0.0
         return 1e-5 * sizes["broadcast"], 1e-5 * sizes["allreduce"]
 
-    paths, exploring = _route_steps(ctrl, range(24), warm_ms)
+    paths, exploring = _route_steps(ctrl, range(30), warm_ms)
     assert paths[:14] == ["allgather"] * 14 and not any(exploring[:14])
     assert paths[14:17] == ["allreduce", "allreduce", "allgather"], paths
     assert exploring[14:17] == [True, True, False]
-    assert paths[17:] == ["allreduce" if switches else "allgather"] * 7, paths
-    assert not any(exploring[17:])
+    if switches:  # the allgather left gets a second look RECHECK_AFTER_STEPS later: still slow
+        assert paths[17:22] == ["allreduce"] * 5 and not any(exploring[17:22]), paths
+        assert paths[22] == "allgather" and exploring[22]
+        assert paths[23:] == ["allreduce"] * 7 and not any(exploring[23:]), paths
+    else:
+        assert paths[17:] == ["allgather"] * 13 and not any(exploring[17:]), paths
     assert ctrl.n_drift_steps == 1 and ctrl.n_drift_probes == 0 and ctrl.n_full_probes == 1
+    assert ctrl.n_recheck_steps == (1 if switches else 0) and ctrl.recheck_step is None
     assert ctrl.remeasure_why is None and ctrl.n_switches == (1 if switches else 0)
     assert ctrl.predicted_ms["allgather"] == pytest.approx(sum(warm_ms("allgather", 20)))
     assert ctrl.predicted_ms["allreduce"] == pytest.approx(sum(warm_ms("allreduce", 20)))
+
+
+def test_a_path_left_after_a_transient_burst_gets_a_second_look():
+    """The allgather in use runs 20x slower for steps 10-15 only (a burst, not a new network).
+    Drift re-anchors it on the burst, the allreduce (10x the allgather's normal time) is
+    re-measured and the route moves there at step 17; RECHECK_AFTER_STEPS later the allgather
+    runs one exploring step, now at its normal time, and the route moves back (an ordinary
+    switch of the router: no recheck of the allreduce follows)."""
+    from hvd_flexcomm.flexible import RECHECK_AFTER_STEPS
+
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
+                    explore_within=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
+    sizes = ctrl.payload_bytes(10_000)
+
+    def warm_ms(path, step):
+        if path == "allgather":
+            return (20.0 if 10 <= step < 16 else 1.0) * 1e-6 * sizes["allgather"], 0.0
+        return 1e-5 * sizes["broadcast"], 1e-5 * sizes["allreduce"]
+
+    paths, exploring = _route_steps(ctrl, range(40), warm_ms)
+    back = 17 + RECHECK_AFTER_STEPS
+    assert paths[17:back] == ["allreduce"] * RECHECK_AFTER_STEPS, paths
+    assert paths[back] == "allgather" and exploring[back]
+    assert paths[back + 1] == "allreduce"  # decided before the recheck's timings arrived
+    assert paths[back + 2:] == ["allgather"] * (40 - back - 2), paths
+    assert not any(exploring[back + 1:])
+    assert ctrl.n_recheck_steps == 1 and ctrl.recheck_step is None and ctrl.n_switches == 2
+    state = ctrl.to_dict()
+    assert state["n_recheck_steps"] == 1 and state["recheck_step"] is None
+
+
+def test_a_due_recheck_survives_a_checkpoint():
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
+    ctrl.recheck_step, ctrl.n_recheck_steps = 42, 3
+    again = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    again.load_dict(ctrl.to_dict())
+    assert again.recheck_step == 42 and again.n_recheck_steps == 3
 
 
 def test_refreshes_on_real_steps_stay_within_the_budget():
