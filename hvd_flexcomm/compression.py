@@ -366,7 +366,8 @@ class Adaptive(Flexible):
       one re-optimisation reads both new slopes. ``span_steps=0`` turns span steps off (drift
       then runs a full probe).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
-      instead of 12, and a Horovod op costs several round trips before any data moves (the
+      instead of 12 (each broadcast followed by the allreduce of its k, no barrier op; see
+      ``probing.py``), and a Horovod op costs several round trips before any data moves (the
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs
       of 40-110 s). A second timing per size only averaged two samples; the spans (on real
       steps) and the steps at the CR in use check the model afterwards.

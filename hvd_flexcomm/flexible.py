@@ -28,7 +28,7 @@ from typing import Any, Optional, Union
 
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
 from .compression import Flexible
-from .probing import BARRIER_BYTES
+from .probing import BARRIER_BYTES, barriers_needed
 from .routing import PATHS, Router
 from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
 from .topk import k_for
@@ -276,7 +276,9 @@ class FlexibleController:
             if self.probe_crs:
                 crs = list(self.probe_crs) + ([cr] if cr <= max(self.probe_crs) else [])
             ks = probe_ks(self.numel, crs)
-            entries = [(kind, kk) for kind in ("allgather", "broadcast", "allreduce") for kk in ks]
+            # per k: AR-Topk's broadcast right before its allreduce, which follows it as in a
+            # step (``run_probes`` times them in pairs, no barrier op)
+            entries = [(kind, kk) for kk in ks for kind in ("allgather", "broadcast", "allreduce")]
             plan = [(kind, self.payload_bytes(kk)[kind]) for kind, kk in entries]
             # Flexible's size in use is timed once: the first warm step of each path replaces
             # that timing (observe_step); the smaller size keeps the slope, probe_repeats times
@@ -311,11 +313,11 @@ class FlexibleController:
     def _overhead_ms(self, kinds: list[str]) -> float:
         """Predicted ms that probes of ``kinds`` (one timing each) add to their timed ops
         (``probing.run_probes``): the allgather that combines their timings over ranks (two
-        float64 per timing, per rank) and a barrier allreduce after each broadcast. Part of
-        what a refresh costs."""
-        n_bcast = sum(kind == "broadcast" for kind in kinds)
+        float64 per timing, per rank) and a barrier allreduce after each broadcast that no
+        allreduce follows (:func:`~hvd_flexcomm.probing.barriers_needed`). Part of what a
+        refresh costs."""
         return (self.model.predict_ms("allgather", 16 * len(kinds))
-                + n_bcast * self.model.predict_ms("allreduce", BARRIER_BYTES))
+                + barriers_needed(kinds) * self.model.predict_ms("allreduce", BARRIER_BYTES))
 
     def _unused_path_plan(self, k: int) -> list[tuple[str, int]]:
         """The collectives of the sparse path not in use, at ``k`` kept entries."""

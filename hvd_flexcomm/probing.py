@@ -7,8 +7,12 @@ every rank ends with identical numbers. A rank's time of an operation is its wai
 rank to enter plus the operation's own cost, and the last rank to enter waits for nobody, so an
 allgather's or an allreduce's cost is its minimum over ranks. A broadcast's root is done once its
 bytes are handed to the transport, before they arrive: each timed broadcast is followed by a
-4-byte allreduce (a barrier, also timed), and its cost is ``sync.delivered_ms`` of the two -- the
-same rule as the step timings in ``sync.py``.
+timed allreduce that every rank must enter, and its cost is ``sync.delivered_ms`` of the two --
+the same rule as the step timings in ``sync.py``. Where the plan lists an allreduce right after
+the broadcast (AR-Topk's pair at one k) that allreduce follows it, as in a step, and its timing
+is its own sample too; otherwise a 4-byte allreduce (a barrier) does. Every Horovod op costs
+several round trips whatever its size (a cached 4-float allreduce: 113 ms at 5 ms one way,
+N = 4, ``docs/performance/horovod_op_cost.md``), so a barrier is as dear as a small probe.
 """
 
 from __future__ import annotations
@@ -22,10 +26,26 @@ import torch
 from .calibration import KINDS
 from .sync import delivered_ms
 
-__all__ = ["run_probes", "BARRIER_BYTES"]
+__all__ = ["run_probes", "BARRIER_BYTES", "barriers_needed"]
 
 #: Bytes of the allreduce that follows each timed broadcast (see the module docstring).
 BARRIER_BYTES = 4
+
+
+def _partners(kinds: Sequence[str], counts: Sequence[int]) -> dict[int, Optional[int]]:
+    """For each broadcast entry's index: the index of the allreduce entry timed right after it
+    (the next entry, if it is an allreduce with the same count), or None (a barrier follows)."""
+    return {i: (i + 1 if i + 1 < len(kinds) and kinds[i + 1] == "allreduce"
+                and counts[i + 1] == counts[i] else None)
+            for i, kind in enumerate(kinds) if kind == "broadcast"}
+
+
+def barriers_needed(kinds: Sequence[str], counts: Optional[Sequence[int]] = None) -> int:
+    """How many :data:`BARRIER_BYTES` allreduces :func:`run_probes` runs after the timed
+    broadcasts of a plan of ``kinds`` (``counts`` timings each, default one): one per timing of
+    a broadcast that no allreduce entry follows. Pure function."""
+    counts = [1] * len(kinds) if counts is None else list(counts)
+    return sum(counts[i] for i, j in _partners(kinds, counts).items() if j is None)
 
 
 def _start(hvd: Any, kind: str, buf: torch.Tensor, name: str, kw: dict) -> Any:
@@ -60,10 +80,13 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
     the same set on every rank since plans are identical): those skip the warm-up. Without it
     every plan entry is warmed up. ``warm_up=False`` runs no untimed op at all (a one-off
     refresh: a new name's negotiation then rides in its timing, a small upward bias that costs
-    less than a whole extra op on a slow link). The timed ops run one at a time; each timed
-    broadcast is followed by a :data:`BARRIER_BYTES` allreduce (named by ``tag``, warmed up like
-    the plan's names). Returns ``[(kind, nbytes, ms), ...]``, each timing combined over ranks (see
-    the module docstring), identical on every rank.
+    less than a whole extra op on a slow link). The timed ops run one at a time, in plan order.
+    A broadcast entry directly followed by an allreduce entry with the same count is timed in
+    pairs with it, broadcast then allreduce, as a step runs them (the allreduce's timing is its
+    own sample and the broadcast's barrier); any other timed broadcast is followed by a
+    :data:`BARRIER_BYTES` allreduce (named by ``tag``, warmed up like the plan's names).
+    Returns ``[(kind, nbytes, ms), ...]``, each timing combined over ranks (see the module
+    docstring), identical on every rank.
     """
     for kind, _ in plan:
         if kind not in KINDS:
@@ -79,8 +102,10 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
         ops.append((kind, f"hvd_flexcomm.{tag}.{kind}.{buf.numel()}", buf))
     barrier_name = f"hvd_flexcomm.{tag}.barrier"
     barrier_buf = torch.zeros(BARRIER_BYTES // 4, dtype=torch.float32)
+    # the allreduce entry timed right after each broadcast entry (None: the barrier)
+    partner = _partners([kind for kind, _ in plan], counts)
     barriers = [("allreduce", barrier_name, barrier_buf)] if any(
-        kind == "broadcast" for kind, _ in plan) else []
+        j is None for j in partner.values()) else []
     if warm_up:
         cold = {name: (kind, name, buf) for kind, name, buf in ops + barriers
                 if warmed is None or name not in warmed}
@@ -88,19 +113,31 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
             _warm_up(hvd, list(cold.values()), kw)
     samples: list[tuple[str, int]] = []
     timings: list[float] = []
-    after: list[float] = []  # each timing's barrier ms (a broadcast's), else 0
-    for (kind, name, buf), count in zip(ops, counts):
+    after: list[float] = []  # each timing's following allreduce ms (a broadcast's), else 0
+    paired = {j for j in partner.values() if j is not None}
+    for i, ((kind, name, buf), count) in enumerate(zip(ops, counts)):
+        if i in paired:
+            continue  # timed with its broadcast
+        j = partner.get(i)
         for _ in range(count):
             t0 = time.perf_counter()
             hvd.synchronize(_start(hvd, kind, buf, name, kw))
             t1 = time.perf_counter()
             if kind == "broadcast":
-                hvd.synchronize(_start(hvd, "allreduce", barrier_buf, barrier_name, kw))
+                then_kind, then_name, then_buf = ops[j] if j is not None else (
+                    "allreduce", barrier_name, barrier_buf)
+                hvd.synchronize(_start(hvd, then_kind, then_buf, then_name, kw))
+                then_ms = 1e3 * (time.perf_counter() - t1)
             samples.append((kind, buf.numel() * 4))
             timings.append(1e3 * (t1 - t0))
-            after.append(1e3 * (time.perf_counter() - t1) if kind == "broadcast" else 0.0)
-        if warmed is not None:
-            warmed.add(name)
+            after.append(then_ms if kind == "broadcast" else 0.0)
+            if j is not None:
+                samples.append(("allreduce", then_buf.numel() * 4))
+                timings.append(then_ms)
+                after.append(0.0)
+        for used in (i,) if j is None else (i, j):
+            if warmed is not None:
+                warmed.add(ops[used][1])
     if not timings:
         return []
     if warmed is not None and barriers:

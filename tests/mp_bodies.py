@@ -158,12 +158,14 @@ def _probe_op_counts(hvd) -> list:
     all positive) each time; only the first pays a warm-up op per size."""
     from hvd_flexcomm.probing import run_probes
 
-    plan = [("allgather", 4000), ("broadcast", 400), ("allreduce", 4000), ("allreduce", 400)]
+    # the first broadcast is timed in pairs with the allreduce after it, the last with a barrier
+    plan = [("allgather", 4000), ("broadcast", 400), ("allreduce", 4000), ("allreduce", 400),
+            ("broadcast", 4000)]
     warmed: set = set()
     out = []
     for warm_up in (True, True, False):
         counting = _CountingHorovod(hvd)
-        results = run_probes(counting, plan, 2 if warm_up else [1, 2, 1, 2], warmed=warmed,
+        results = run_probes(counting, plan, 2 if warm_up else [1, 2, 2, 1, 1], warmed=warmed,
                              tag="test" + str(warm_up), warm_up=warm_up)
         out.append((sum(counting.calls.values()), len(results),
                     all(ms > 0 for _, _, ms in results)))

@@ -196,10 +196,9 @@ def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
     assert ctrl.decide(0, 0.01) == "allgather"
     ag_ms = ctrl.predicted_ms["allgather"]
     sizes = ctrl.payload_bytes(10_000)
-    # run_probes' own ops: the allgather of two timings and their two barrier slots (float64,
-    # 32 bytes per rank) and the 4-byte barrier allreduce after the broadcast
-    combine_ms = (ctrl.model.predict_ms("allgather", 32)
-                  + ctrl.model.predict_ms("allreduce", 4))
+    # run_probes' own op: the allgather of two timings and their two "following op" slots
+    # (float64, 32 bytes per rank); the allreduce follows the broadcast, so no barrier op
+    combine_ms = ctrl.model.predict_ms("allgather", 32)
     refresh_ms = (ctrl.model.predict_ms("broadcast", sizes["broadcast"])
                   + ctrl.model.predict_ms("allreduce", sizes["allreduce"]) + combine_ms)
     # communication measured so far: one step; 5% of it is far below the refresh's cost
@@ -215,8 +214,7 @@ def test_periodic_refresh_probes_only_the_unused_path_within_its_budget():
     # the allreduce path got cheap meanwhile: the refresh re-anchors its fits (slope kept)
     ctrl.after_probe(10, [(k, b, 0.1) for k, b in plan], "refresh", spent_ms=1.0)
     assert ctrl.n_refreshes == 1
-    assert ctrl.refresh_ms_total == pytest.approx(0.2 + ctrl.model.predict_ms("allgather", 32)
-                                                  + ctrl.model.predict_ms("allreduce", 4))
+    assert ctrl.refresh_ms_total == pytest.approx(0.2 + ctrl.model.predict_ms("allgather", 32))
     assert ctrl.decide(10, 0.01) == "allreduce"
     assert ctrl.probe_plan(15, 0.01)[0] == []  # the interval counts from the refresh
 
@@ -302,6 +300,30 @@ def _span_ctrl(ag_ms_per_byte=1e-6, **kw):
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=ag_ms_per_byte, ar_ms_per_byte=1e-2)
     assert ctrl.decide(0, 0.01) == "allgather"
     return ctrl
+
+
+@pytest.mark.parametrize("kinds, counts, barriers", [
+    (["broadcast", "allreduce"], None, 0),  # AR-Topk's pair: the allreduce follows
+    (["allreduce", "broadcast"], None, 1),  # nothing after the broadcast
+    (["broadcast", "allgather", "allreduce"], [2, 2, 2], 2),
+    (["broadcast", "allreduce"], [2, 1], 2),  # counts differ: not paired
+    (["allgather", "broadcast", "allreduce", "allgather", "broadcast", "allreduce"], None, 0)])
+def test_barriers_only_where_no_allreduce_follows_a_broadcast(kinds, counts, barriers):
+    from hvd_flexcomm.probing import barriers_needed
+
+    assert barriers_needed(kinds, counts) == barriers
+
+
+def test_flexible_start_up_plan_pairs_each_broadcast_with_its_allreduce():
+    from hvd_flexcomm.probing import barriers_needed
+
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=4, numel=NUMEL)
+    plan, repeats, _ = ctrl.probe_plan(0, 0.01)
+    assert barriers_needed([kind for kind, _ in plan], repeats) == 0
+    adaptive = FlexibleController(Adaptive(cr=0.01), world_size=4, numel=NUMEL)
+    adaptive.probe_crs = (0.1, 0.01, 0.001)
+    plan, repeats, _ = adaptive.probe_plan(0, 0.01)
+    assert barriers_needed([kind for kind, _ in plan], repeats) == 0
 
 
 @pytest.mark.parametrize("repeats", [0, [1, 2], [2, 0, 1]])

@@ -147,11 +147,12 @@ def test_flexible_paths_agree_and_match_reference(np_):
         assert any(s["probe_ms"] > 0 for s in r["by_probes"]["stats"][1:])
         assert not any(s["remeasure"] for s in r["by_probes"]["stats"])
         # run_probes on real collectives: a size's first use adds one warm-up op (and the
-        # broadcast's barrier name one), later uses and refreshes (warm_up=False) not; each of
-        # the 2 timed broadcasts is followed by its barrier allreduce, and one allgather
-        # combines the timings over ranks; the third run times its entries 1, 2, 1, 2 times
-        assert r["probe_ops"] == [(5 + 4 * 2 + 2 + 1, 4 * 2, True),
-                                  (4 * 2 + 2 + 1, 4 * 2, True), (6 + 2 + 1, 6, True)]
+        # barrier's name one), later uses and refreshes (warm_up=False) not; the first
+        # broadcast is timed in pairs with the allreduce after it (no extra op), each timing of
+        # the last is followed by a barrier allreduce, and one allgather combines the timings
+        # over ranks; the third run times its entries 1, 2, 2, 1, 1 times
+        assert r["probe_ops"] == [(6 + 5 * 2 + 2 + 1, 5 * 2, True),
+                                  (5 * 2 + 2 + 1, 5 * 2, True), (7 + 1 + 1, 7, True)]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
