@@ -162,9 +162,10 @@ class Flexible(TopkCompression):
       difference from the path in use (nothing when the network change made it the cheaper
       one), and it measures what steps send, where a probe times each collective alone on
       idle ranks. After drift the route holds until that step's timings arrive, then the
-      router decides afresh; if it leaves the path in use, that path gets one more exploring
-      step a few steps later (a *recheck*, ``flexible.RECHECK_AFTER_STEPS``), so a transient
-      burst of slow steps does not keep the route off it. A refresh runs while its predicted
+      router decides afresh. Whenever the route leaves a path (after drift, after exploring or
+      on the steps' timings), that path gets one more exploring step a few steps later (a
+      *recheck*, ``flexible.RECHECK_AFTER_STEPS``), so a transient burst of slow steps does not
+      keep the route off it. A refresh runs while its predicted
       extra time (the predicted difference of the paths, per step) fits in ``probe_budget``.
       ``"probes"``: timed probe collectives at the k in use, ``probe_repeats`` per kind after
       drift (a *drift probe*), one per refresh. In ``benchmarks/bench_flexible_change.py`` (N=2,

@@ -72,13 +72,16 @@ AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
 #: steps after its steps were issued is given up (they arrive 1-2 steps later, 3 with a cold step).
 REMEASURE_MAX_WAIT = 5
 
-#: After drift moved the route to the other path (``reprobe_by="steps"``), the path it left is
-#: re-measured on one real step this many steps later (a *recheck*). Drift re-anchors the path
-#: in use on the burst of steps that fired the detector, and a burst can be transient: in the
-#: acceptance grid at 9754ac3 (N = 2, 0.1 ms one way, unlimited rate, CR 0.01) Flexible's first
-#: AG-Topk steps ran twice the fixed run's median, the drift re-measure moved the route to
-#: AR-Topk (1.47x slower there) and, without a second look, it stayed there until the refresh
-#: 100 steps later. A recheck costs one step's difference of the paths.
+#: After the route moved to the other path (``reprobe_by="steps"``), the path it left is
+#: re-measured on one real step this many steps later (a *recheck*). A switch rests on the
+#: last steps of the path left, and they can be a transient burst: in the acceptance grid at
+#: 9754ac3 (N = 2, 0.1 ms one way, unlimited rate, CR 0.01) Flexible's first AG-Topk steps ran
+#: twice the fixed run's median, drift moved the route to AR-Topk (1.47x slower there); at
+#: a63dba0 (N = 2, 0.1 ms, 1 Gbit/s, CR 0.01) two slow AG-Topk steps moved it there by an
+#: ordinary switch (1.48x). Without a second look the route stays until the refresh, 100
+#: steps later. A recheck costs one step's difference of the paths; one that moves the route
+#: back is a switch too, so the path it leaves gets its own recheck (each such step costs
+#: about nothing where the paths are that close).
 RECHECK_AFTER_STEPS = 5
 
 
@@ -205,7 +208,7 @@ class FlexibleController:
         self.remeasure_stale: set = set()
         self.n_drift_steps = 0
         self.n_refresh_steps = 0
-        #: the step from which the path left by a switch after drift is re-measured once more
+        #: the step from which the path a switch left is re-measured once more
         #: (:data:`RECHECK_AFTER_STEPS`; None: none due), and the count of such rechecks
         self.recheck_step: Optional[int] = None
         self.n_recheck_steps = 0
@@ -502,8 +505,8 @@ class FlexibleController:
         """Before a decision: give up a re-measure whose timings have not arrived
         :data:`REMEASURE_MAX_WAIT` steps after its steps were issued (a step whose timings were
         lost: the route must not hold for ever; after drift the router then decides afresh),
-        schedule the recheck of the path a switch after drift left once ``recheck_step`` has
-        come (unbudgeted, as the drift re-measure it completes; the router keeps its hysteresis),
+        schedule the recheck of the path a switch left once ``recheck_step`` has come
+        (unbudgeted: one step per switch; the router keeps its hysteresis),
         and schedule a refresh on a real step when ``reprobe_interval`` steps have passed since the
         last probe or refresh and its predicted extra time (the predicted difference of the
         paths, per exploring step) keeps refreshes and spans within ``probe_budget``."""
@@ -651,11 +654,11 @@ class FlexibleController:
             decision = self.router.decide(step, self.predicted_ms["allgather"],
                                           self.predicted_ms["allreduce"])
             path = decision.path
-            # after a re-measure for drift the router decides afresh: a new path is a switch,
-            # and the path it leaves gets a second look (a recheck) a few steps later
+            # after a re-measure for drift the router decides afresh: a new path is a switch;
+            # the path a switch leaves gets a second look (a recheck) a few steps later
             after_drift = afresh and self.path in PATHS and path != self.path
             switched = decision.switched or after_drift
-            if after_drift and self.reprobes_by_steps:
+            if switched and self.path in PATHS and self.reprobes_by_steps:
                 self.recheck_step = step + RECHECK_AFTER_STEPS
         if step < self.dense_until_step:
             dense_ms = self.model.predict_ms("allreduce", self.reduce_value_bytes * self.numel)

@@ -888,9 +888,13 @@ def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, ex
     # step 4 is decided before the warm exploring step's timings arrive, step 5 after: the
     # router then compares two real steps and moves to the allreduce
     assert paths[:5] == ["allgather", "allgather", "allreduce", "allreduce", "allgather"], paths
-    assert exploring[:5] == [False, False, True, True, False] and not any(exploring[5:])
-    assert paths[5:] == ["allreduce"] * 7, paths
+    assert exploring[:5] == [False, False, True, True, False]
+    # the switch at step 5 leaves the allgather: RECHECK_AFTER_STEPS later it runs one warm
+    # step (still slower), and the route stays
+    assert paths[5:] == ["allreduce"] * 5 + ["allgather", "allreduce"], paths
+    assert exploring[5:] == [False] * 5 + [True, False]
     assert ctrl.n_explorations == 1 and ctrl.router.current == "allreduce"
+    assert ctrl.n_recheck_steps == 1 and ctrl.recheck_step is None
     assert ctrl.predicted_ms["allreduce"] == pytest.approx(sum(warm_ms("allreduce")))
     assert not ctrl.probe_due  # the exploring steps did not reach the drift detector
 
@@ -952,8 +956,7 @@ def test_a_path_left_after_a_transient_burst_gets_a_second_look():
     """The allgather in use runs 20x slower for steps 10-15 only (a burst, not a new network).
     Drift re-anchors it on the burst, the allreduce (10x the allgather's normal time) is
     re-measured and the route moves there at step 17; RECHECK_AFTER_STEPS later the allgather
-    runs one exploring step, now at its normal time, and the route moves back (an ordinary
-    switch of the router: no recheck of the allreduce follows)."""
+    runs one exploring step, now at its normal time, and the route moves back."""
     from hvd_flexcomm.flexible import RECHECK_AFTER_STEPS
 
     mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
@@ -972,11 +975,16 @@ def test_a_path_left_after_a_transient_burst_gets_a_second_look():
     assert paths[17:back] == ["allreduce"] * RECHECK_AFTER_STEPS, paths
     assert paths[back] == "allgather" and exploring[back]
     assert paths[back + 1] == "allreduce"  # decided before the recheck's timings arrived
-    assert paths[back + 2:] == ["allgather"] * (40 - back - 2), paths
-    assert not any(exploring[back + 1:])
-    assert ctrl.n_recheck_steps == 1 and ctrl.recheck_step is None and ctrl.n_switches == 2
+    # the route moved back at back + 2, a switch too: the allreduce it left gets its own
+    # recheck, which finds it slower, and the route stays
+    again = back + 2 + RECHECK_AFTER_STEPS
+    assert paths[back + 2:again] == ["allgather"] * RECHECK_AFTER_STEPS, paths
+    assert paths[again] == "allreduce" and exploring[again]
+    assert paths[again + 1:] == ["allgather"] * (40 - again - 1), paths
+    assert not any(exploring[back + 1:again]) and not any(exploring[again + 1:])
+    assert ctrl.n_recheck_steps == 2 and ctrl.recheck_step is None and ctrl.n_switches == 2
     state = ctrl.to_dict()
-    assert state["n_recheck_steps"] == 1 and state["recheck_step"] is None
+    assert state["n_recheck_steps"] == 2 and state["recheck_step"] is None
 
 
 def test_a_due_recheck_survives_a_checkpoint():
@@ -1017,8 +1025,14 @@ def test_refreshes_on_real_steps_stay_within_the_budget():
     assert paths[runs[0] + 3] == "allreduce" and not exploring[runs[0] + 3]
     assert all(paths[i] == ("allgather" if exploring[i] else "allreduce")
                for i in range(runs[0] + 3, len(paths)))
-    assert all(b - a >= mode.reprobe_interval for a, b in zip(runs, runs[1:])), runs
-    assert ctrl.n_refresh_steps == len(runs) >= 3 and ctrl.n_refreshes == 0
+    # the switch at runs[0] + 3 left the allgather: its recheck comes RECHECK_AFTER_STEPS
+    # later, and the refreshes count their interval from it
+    from hvd_flexcomm.flexible import RECHECK_AFTER_STEPS
+
+    assert runs[1] == runs[0] + 3 + RECHECK_AFTER_STEPS, runs
+    assert all(b - a >= mode.reprobe_interval for a, b in zip(runs[1:], runs[2:])), runs
+    assert ctrl.n_refresh_steps == len(runs) - 1 >= 3 and ctrl.n_refreshes == 0
+    assert ctrl.n_recheck_steps == 1
     assert ctrl.refresh_ms_total <= mode.probe_budget * ctrl.step_comm_ms_total
     assert ctrl.predicted_ms["allgather"] == pytest.approx(ag_ms)
 
