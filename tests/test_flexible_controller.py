@@ -915,6 +915,25 @@ def test_exploring_follows_full_and_drift_probes_of_flexible_only():
     assert not off.explore_due
 
 
+def _allgather_slows_down(ag_factor_at):
+    """A controller after its start-up probe (two ranks, CR 0.01, the allreduce path 10x the
+    allgather's ms per byte, drift after 3 steps off by 25%, no exploring, no refresh), and
+    ``warm_ms(path, step)`` of a network where the allgather's steps take ``ag_factor_at(step)``
+    times their probed time (for :func:`_route_steps`)."""
+    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
+                    explore_within=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
+    sizes = ctrl.payload_bytes(10_000)
+
+    def warm_ms(path, step):
+        if path == "allgather":
+            return ag_factor_at(step) * 1e-6 * sizes["allgather"], 0.0
+        return 1e-5 * sizes["broadcast"], 1e-5 * sizes["allreduce"]
+
+    return ctrl, warm_ms
+
+
 @pytest.mark.parametrize("ag_factor, switches", [(20.0, True), (2.0, False)])
 def test_drift_re_measures_the_path_not_in_use_on_a_real_step(ag_factor, switches):
     """``reprobe_by="steps"`` (the default): at step 10 the allgather in use gets ``ag_factor``
@@ -924,17 +943,7 @@ def test_drift_re_measures_the_path_not_in_use_on_a_real_step(ag_factor, switche
     allgather while the warm step's timings are in flight; from step 17 the router decides
     afresh on real steps of both paths: the allgather re-anchored on its slow steps, the
     allreduce on its step."""
-    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
-                    explore_within=0)
-    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
-    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
-    sizes = ctrl.payload_bytes(10_000)
-
-    def warm_ms(path, step):
-        if path == "allgather":
-            return (ag_factor if step >= 10 else 1.0) * 1e-6 * sizes["allgather"], 0.0
-        return 1e-5 * sizes["broadcast"], 1e-5 * sizes["allreduce"]
-
+    ctrl, warm_ms = _allgather_slows_down(lambda step: ag_factor if step >= 10 else 1.0)
     paths, exploring = _route_steps(ctrl, range(30), warm_ms)
     assert paths[:14] == ["allgather"] * 14 and not any(exploring[:14])
     assert paths[14:17] == ["allreduce", "allreduce", "allgather"], paths
@@ -959,17 +968,7 @@ def test_a_path_left_after_a_transient_burst_gets_a_second_look():
     runs one exploring step, now at its normal time, and the route moves back."""
     from hvd_flexcomm.flexible import RECHECK_AFTER_STEPS
 
-    mode = Flexible(cr=0.01, drift_threshold=0.25, drift_patience=3, reprobe_interval=0,
-                    explore_within=0)
-    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
-    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
-    sizes = ctrl.payload_bytes(10_000)
-
-    def warm_ms(path, step):
-        if path == "allgather":
-            return (20.0 if 10 <= step < 16 else 1.0) * 1e-6 * sizes["allgather"], 0.0
-        return 1e-5 * sizes["broadcast"], 1e-5 * sizes["allreduce"]
-
+    ctrl, warm_ms = _allgather_slows_down(lambda step: 20.0 if 10 <= step < 16 else 1.0)
     paths, exploring = _route_steps(ctrl, range(40), warm_ms)
     back = 17 + RECHECK_AFTER_STEPS
     assert paths[17:back] == ["allreduce"] * RECHECK_AFTER_STEPS, paths
