@@ -165,8 +165,8 @@ class Flexible(TopkCompression):
       router decides afresh. Whenever the route leaves a path (after drift, after exploring or
       on the steps' timings), that path gets one more exploring step a few steps later (a
       *recheck*, ``flexible.RECHECK_AFTER_STEPS``), so a transient burst of slow steps does not
-      keep the route off it. A refresh runs while its predicted
-      extra time (the predicted difference of the paths, per step) fits in ``probe_budget``.
+      keep the route off it. A refresh runs while its predicted extra time (the predicted
+      difference of the paths, per step) fits in ``probe_budget``.
       ``"probes"``: timed probe collectives at the k in use, ``probe_repeats`` per kind after
       drift (a *drift probe*), one per refresh. In ``benchmarks/bench_flexible_change.py`` (N=2,
       11.7M entries, CR 0.1, 110 steps, two network changes; three runs of each mode at 0c52e2f)

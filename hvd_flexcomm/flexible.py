@@ -269,7 +269,8 @@ class FlexibleController:
         passed since the last probe **and** the refreshes' total time, this one's prediction included,
         stays within ``probe_budget`` of the communication time measured in steps (both sums are of
         shared timings, so every rank decides alike; a refresh counts its timed ops plus the predicted
-        allgather that combines their timings over ranks and a broadcast's barrier). Under
+        allgather that combines their timings over ranks, and a barrier after any broadcast that no
+        allreduce follows). Under
         ``reprobe_by="steps"`` (Flexible's default) neither a drift probe nor a refresh is planned:
         the path not in use runs real steps instead (:meth:`_remeasure`).
         """

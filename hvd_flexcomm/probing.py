@@ -26,10 +26,21 @@ import torch
 from .calibration import KINDS
 from .sync import delivered_ms
 
-__all__ = ["run_probes", "BARRIER_BYTES", "barriers_needed"]
+__all__ = ["run_probes", "BARRIER_BYTES", "barriers_needed", "repeat_counts"]
 
-#: Bytes of the allreduce that follows each timed broadcast (see the module docstring).
+#: Bytes of the allreduce that follows each timed broadcast no allreduce entry of the plan
+#: follows (see the module docstring).
 BARRIER_BYTES = 4
+
+
+def repeat_counts(n_entries: int, repeats: Union[int, Sequence[int]]) -> list[int]:
+    """Timings per plan entry: ``repeats`` is one count for all ``n_entries`` entries or one per
+    entry, each >= 1 (a ValueError naming the value otherwise). Pure function."""
+    counts = [int(repeats)] * n_entries if isinstance(repeats, int) else [int(r) for r in repeats]
+    if len(counts) != n_entries or any(r < 1 for r in counts):
+        raise ValueError(f"repeats must be one count >= 1 or one per plan entry ({n_entries}), "
+                         f"got {repeats!r}")
+    return counts
 
 
 def _partners(kinds: Sequence[str], counts: Sequence[int]) -> dict[int, Optional[int]]:
@@ -91,10 +102,7 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
     for kind, _ in plan:
         if kind not in KINDS:
             raise ValueError(f"unknown probe kind {kind!r}")
-    counts = [int(repeats)] * len(plan) if isinstance(repeats, int) else [int(r) for r in repeats]
-    if len(counts) != len(plan) or any(r < 1 for r in counts):
-        raise ValueError(f"repeats must be one count >= 1 or one per plan entry ({len(plan)}), "
-                         f"got {repeats!r}")
+    counts = repeat_counts(len(plan), repeats)
     kw = {} if process_set is None else {"process_set": process_set}
     ops = []
     for kind, nbytes in plan:
@@ -135,9 +143,8 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
                 samples.append(("allreduce", then_buf.numel() * 4))
                 timings.append(then_ms)
                 after.append(0.0)
-        for used in (i,) if j is None else (i, j):
-            if warmed is not None:
-                warmed.add(ops[used][1])
+        if warmed is not None:
+            warmed.update(ops[used][1] for used in (i, j) if used is not None)
     if not timings:
         return []
     if warmed is not None and barriers:

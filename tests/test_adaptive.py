@@ -26,6 +26,7 @@ from hvd_flexcomm.moo import (
     solve_cr,
     tta_objectives,
 )
+from hvd_flexcomm.probing import repeat_counts
 from hvd_flexcomm.topk import k_for
 
 CANDS = (0.1, 0.033, 0.011, 0.004, 0.001)
@@ -672,7 +673,7 @@ def test_a_checkpoint_keeps_the_announcement_in_flight():
 def _timed_plan(flex, step, cr, lines):
     """Run ``flex``'s due probe on a synthetic network: ``lines[kind] = (fixed ms, ms per byte)``."""
     plan, repeats, kind = flex.probe_plan(step, cr)
-    counts = [repeats] * len(plan) if isinstance(repeats, int) else repeats
+    counts = repeat_counts(len(plan), repeats)
     results = [(k, b, lines[k][0] + lines[k][1] * b) for (k, b), count in zip(plan, counts)
                for _ in range(count)]
     flex.after_probe(step, results, kind, spent_ms=1.0)

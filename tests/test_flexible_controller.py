@@ -7,6 +7,7 @@ import pytest
 
 from hvd_flexcomm import Adaptive, Flexible
 from hvd_flexcomm.flexible import PATH_CODES, FlexibleController
+from hvd_flexcomm.probing import repeat_counts
 
 NUMEL = 1_000_000
 
@@ -15,7 +16,7 @@ def _probe(ctrl, step, cr, ag_ms_per_byte, ar_ms_per_byte, fixed_ms=1.0, spread=
     """Run the due probe on a linear network; ``spread(kind, nbytes)``: one factor per repeat
     on that size's timing (default: every repeat times the line exactly)."""
     plan, repeats, what = ctrl.probe_plan(step, cr)
-    counts = [repeats] * len(plan) if isinstance(repeats, int) else repeats
+    counts = repeat_counts(len(plan), repeats)
     results = []
     for (kind, nbytes), count in zip(plan, counts, strict=True):
         slope = ag_ms_per_byte if kind == "allgather" else ar_ms_per_byte
