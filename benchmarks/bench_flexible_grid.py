@@ -245,6 +245,8 @@ def _f(x: Any, nd: int = 1) -> str:
 def markdown(rows: list[dict[str, Any]], acc: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         f"# Flexible acceptance grid ({meta.get('mode')}, {meta.get('numel')} float32 entries)", "",
+        f"{(meta.get('config') or {}).get('steps', '?')} timed steps per method and cell; "
+        f"Flexible's options: {meta.get('flex_options') or 'the package defaults'}.", "",
         "Times: communication ms per step, median of the timed steps: "
         + ("the collectives' own cost (`net_ms`: each collective's minimum time over ranks, "
            "the last rank to enter a collective waits for nobody -- for AR-Topk's index "
@@ -415,6 +417,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--numel", type=int, help="gradient entries (override)")
     ap.add_argument("--warmup", type=int, help="untimed steps per method and cell")
     ap.add_argument("--steps", type=int, help="timed steps per method and cell")
+    ap.add_argument("--hysteresis", type=float,
+                    help="Flexible's hysteresis (fraction; default: the package's)")
     ap.add_argument("--reuse-job", action="store_true",
                     help="one job per N for all networks (faster; TCP state carries over, see above)")
     ap.add_argument("--no-barrier", action="store_true",
@@ -440,7 +444,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                               args.numel))
     mode = ("quick" if args.quick else "full") + (" (overridden)" if overridden else "")
     networks = [drv.network(d, b) for d in cfg["latency_ms"] for b in cfg["bandwidth"]]
+    flex_options = {} if args.hysteresis is None else {"hysteresis": args.hysteresis}
     meta = {"mode": mode, "numel": cfg["numel"], "config": cfg, "barrier": not args.no_barrier,
+            "flex_options": flex_options,
             "reuse_job": args.reuse_job,
             "started": time.strftime("%c"),
             "job_s": {}}
@@ -452,7 +458,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     records: list[dict[str, Any]] = []
     failures = []
     plan = {"kind": "grid", "numel": cfg["numel"], "crs": cfg["cr"], "warmup": cfg["warmup"],
-            "steps": cfg["steps"], "barrier": not args.no_barrier}
+            "steps": cfg["steps"], "barrier": not args.no_barrier, "flex_options": flex_options}
     def echo(line: str) -> None:
         if " cell " in line or "FAIL" in line or "Error" in line:
             print(f"  {line}  [total elapsed {time.perf_counter() - t_start:.0f} s]", flush=True)

@@ -51,7 +51,9 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     out = tmp_path / "grid"
     # --reuse-job: one horovodrun launch for the four cells (launches are the slow part on a busy
     # 2-core machine); the cells and the outputs are the same as with one job per network.
-    proc = subprocess.run([sys.executable, GRID, "--quick", "--reuse-job", "--out", str(out)], cwd=REPO,
+    # --hysteresis: a Flexible option that must reach the optimizers the job builds
+    proc = subprocess.run([sys.executable, GRID, "--quick", "--reuse-job", "--hysteresis", "0.07",
+                           "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=225, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     for name in ("grid.json", "grid.md", "grid.png"):
@@ -68,7 +70,10 @@ def test_grid_quick_runs_end_to_end(tmp_path):
         for key in ("ag_ms", "ar_ms", "flex_ms", "pred_ag_ms", "pred_ar_ms", "wall_ag_ms",
                     "wall_ar_ms", "wall_flex_ms"):
             assert _positive(c[key]), (key, c)
+    assert data["meta"]["flex_options"] == {"hysteresis": 0.07}
+    assert "'hysteresis': 0.07" in (out / "grid.md").read_text()
     for rec in data["records"]:
+        assert rec["flex_hysteresis"] == 0.07, rec["flex_hysteresis"]
         for method, coll in (("ag", ("allgather",)), ("ar", ("allreduce",)), ("flex", PATHS)):
             for s in rec["warmup"][method] + rec["timed"][method]:
                 assert s["collective"] in coll, (method, s)
