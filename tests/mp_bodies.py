@@ -605,7 +605,7 @@ def flexible_training_on_lossy_link(steps: int = 60) -> dict:
         compression=hvd_flexcomm.Flexible(cr=0.05, probe_repeats=2))
     import horovod.torch as hvd
 
-    losses, paths = [], []
+    losses, paths, exploring = [], [], []
     x, y = _batch(0, hvd.rank(), n=128)  # a fixed batch: the loss must fall
     for _ in range(steps):
         opt.zero_grad()
@@ -614,7 +614,11 @@ def flexible_training_on_lossy_link(steps: int = 60) -> dict:
         opt.step()
         losses.append(float(loss))
         paths.append(opt.last_stats["collective"])
-    switches = sum(a != b for a, b in zip(paths, paths[1:]))
+        exploring.append(bool(opt.last_stats["exploring"]))
+    # flapping is the route's: an exploring step (after start-up, a recheck, a re-measure) runs
+    # the other path by design and is not a switch of the route
+    route = [p for p, e in zip(paths, exploring) if not e]
+    switches = sum(a != b for a, b in zip(route, route[1:]))
     return {"first_loss": losses[0], "last_loss": losses[-1], "switches": switches,
-            "paths": paths, "params_agree": _params_agree(model),
+            "paths": paths, "exploring": exploring, "params_agree": _params_agree(model),
             "probes": opt._flex_controller.n_full_probes}

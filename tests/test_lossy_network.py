@@ -27,5 +27,5 @@ def test_flexible_trains_over_lossy_jittery_link_without_flapping():
     for r in results:
         assert r["params_agree"]
         assert r["last_loss"] < 0.9 * r["first_loss"], r
-        assert r["switches"] <= 4, r["paths"]  # hysteresis: no flapping
+        assert r["switches"] <= 4, (r["paths"], r["exploring"])  # hysteresis: no flapping
     assert results[0]["paths"] == results[1]["paths"]
