@@ -231,3 +231,37 @@ def test_probe_bias_diagnostic_runs_end_to_end(tmp_path):
         assert r["probe_n"] == 4 and r["step_n"] == 4, r  # 2 rounds x 2 timings / 2 steps
         assert _positive(r["probe_ms"]) and _positive(r["step_ms"]) and _positive(r["ratio"]), r
     assert "| allreduce |" in (out / "probe_bias.md").read_text()
+
+
+#: the keys ``summary_lines`` reads without a default (a grid's acceptance has them all)
+_ACC = {"cells": 3, "median_err_ag": 0.1, "median_err_ar": 0.1, "err_target": 0.15,
+        "err_met": True, "median_err0_ag": 0.1, "median_err0_ar": 0.1, "flex_within_5pct": 2,
+        "flex_within_5pct_share": 2 / 3, "share_target": 0.9, "share_met": False,
+        "median_flex_ratio": 1.0, "choice_is_best_share": 1.0, "wall_within_5pct_share": 1.0,
+        "choice_regret_within_5pct_share": 1.0, "rank0_within_5pct_share": 1.0}
+
+
+def test_retest_ratio_compares_the_halves_of_the_better_path():
+    """The baseline against itself: min(AG, AR) of the second half of the timed steps over that
+    of the first half (medians), whichever path is the better one in each half; an odd step
+    goes to the second half; too few steps or non-finite times give NaN, which the shares
+    leave out."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_flexible_grid as grid
+
+    # first half: AG 10 (AR 20); second half: AR 11 (AG 30) -> 11 / 10
+    assert grid.retest_ratio([10, 10, 30, 30], [20, 20, 11, 11]) == pytest.approx(1.1)
+    # odd count: halves of 1 and 2 steps (medians 10 and 13.5 of AG; AR slower throughout)
+    assert grid.retest_ratio([10, 12, 15], [99, 99, 99]) == pytest.approx(1.35)
+    assert math.isnan(grid.retest_ratio([10], [10, 10]))
+    assert math.isnan(grid.retest_ratio([], []))
+    rows = [{"retest_ratio": 1.04}, {"retest_ratio": 1.1}, {"retest_ratio": 0.9},
+            {"retest_ratio": float("nan")}, {}]
+    shares = grid.retest_shares(rows)
+    assert shares["retest_cells"] == 3
+    # later <= 1.05 x earlier: 1.04 and 0.9; earlier <= 1.05 x later: 1.04 and 1.1
+    assert shares["retest_later_le_105_share"] == pytest.approx(2 / 3)
+    assert shares["retest_earlier_le_105_share"] == pytest.approx(2 / 3)
+    assert grid.retest_shares([{}]) == {"retest_cells": 0}
+    line = [x for x in grid.summary_lines({**_ACC, **shares}) if "against itself" in x]
+    assert len(line) == 1 and "67% of 3 cells" in line[0], line
