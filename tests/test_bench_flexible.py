@@ -241,27 +241,35 @@ _ACC = {"cells": 3, "median_err_ag": 0.1, "median_err_ar": 0.1, "err_target": 0.
         "choice_regret_within_5pct_share": 1.0, "rank0_within_5pct_share": 1.0}
 
 
-def test_retest_ratio_compares_the_halves_of_the_better_path():
-    """The baseline against itself: min(AG, AR) of the second half of the timed steps over that
-    of the first half (medians), whichever path is the better one in each half; an odd step
-    goes to the second half; too few steps or non-finite times give NaN, which the shares
-    leave out."""
+def test_half_ratios_judge_baseline_and_flexible_against_the_other_half():
+    """The criterion on the halves of the timed steps: min(AG, AR) of one half (whichever path
+    is the better one there) against the other half's -- the baseline against itself -- and
+    Flexible's half against the baseline's other half; an odd step goes to the second half;
+    too few steps give NaN, which the shares leave out."""
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import bench_flexible_grid as grid
 
-    # first half: AG 10 (AR 20); second half: AR 11 (AG 30) -> 11 / 10
-    assert grid.retest_ratio([10, 10, 30, 30], [20, 20, 11, 11]) == pytest.approx(1.1)
+    # first half: AG 10 (AR 20), Flexible 12; second half: AR 11 (AG 30), Flexible 10
+    got = grid.half_ratios([10, 10, 30, 30], [20, 20, 11, 11], [12, 12, 10, 10])
+    assert got == pytest.approx({"retest_later": 1.1, "retest_earlier": 10 / 11,
+                                 "flex_later": 1.0, "flex_earlier": 12 / 11})
     # odd count: halves of 1 and 2 steps (medians 10 and 13.5 of AG; AR slower throughout)
-    assert grid.retest_ratio([10, 12, 15], [99, 99, 99]) == pytest.approx(1.35)
-    assert math.isnan(grid.retest_ratio([10], [10, 10]))
-    assert math.isnan(grid.retest_ratio([], []))
-    rows = [{"retest_ratio": 1.04}, {"retest_ratio": 1.1}, {"retest_ratio": 0.9},
-            {"retest_ratio": float("nan")}, {}]
-    shares = grid.retest_shares(rows)
-    assert shares["retest_cells"] == 3
-    # later <= 1.05 x earlier: 1.04 and 0.9; earlier <= 1.05 x later: 1.04 and 1.1
-    assert shares["retest_later_le_105_share"] == pytest.approx(2 / 3)
-    assert shares["retest_earlier_le_105_share"] == pytest.approx(2 / 3)
-    assert grid.retest_shares([{}]) == {"retest_cells": 0}
-    line = [x for x in grid.summary_lines({**_ACC, **shares}) if "against itself" in x]
-    assert len(line) == 1 and "67% of 3 cells" in line[0], line
+    odd = grid.half_ratios([10, 12, 15], [99, 99, 99], [10, 10, 10])
+    assert odd["retest_later"] == pytest.approx(1.35)
+    assert all(math.isnan(x) for x in grid.half_ratios([10], [10, 10], [10, 10]).values())
+    assert all(math.isnan(x) for x in grid.half_ratios([], [], []).values())
+
+    def row(later, earlier):
+        return {"halves": {"retest_later": later, "retest_earlier": 1 / later,
+                           "flex_later": earlier, "flex_earlier": earlier}}
+
+    rows = [row(1.04, 1.0), row(1.1, 1.2), row(0.9, 1.05), row(float("nan"), 1.0), {}]
+    shares = grid.half_shares(rows)
+    assert shares["half_cells"] == 3
+    # later: 1.04 and 0.9 are within; earlier (1/later): 0.96 and 0.91 and 1.11 -> two within
+    assert shares["half_retest_later_share"] == pytest.approx(2 / 3)
+    assert shares["half_retest_earlier_share"] == pytest.approx(2 / 3)
+    assert shares["half_flex_later_share"] == pytest.approx(2 / 3)  # 1.0 and 1.05
+    assert grid.half_shares([{}]) == {"half_cells": 0}
+    line = [x for x in grid.summary_lines({**_ACC, **shares}) if "equal footing" in x]
+    assert len(line) == 1 and "(3 cells" in line[0] and "67%, 67%" in line[0], line
