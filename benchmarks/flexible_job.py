@@ -11,7 +11,9 @@
   this network): ``warmup`` untimed steps each (Flexible's go on until its start-up calibration is
   over, at most ``settle_max``, default 6, more: :func:`warm_up_flexible`), then ``steps`` timed
   steps, interleaved (one step of each method per round) so that machine noise hits every method
-  alike. One record per cell.
+  alike. With ``"replicate": true`` a second AG-Topk and AR-Topk optimizer (``"ag2"``, ``"ar2"``)
+  run too, interleaved after Flexible: the baseline measured twice in the same window. One
+  record per cell.
 - ``{"kind": "probe_bias", ...}``: for each network and each ``cr`` of ``crs``, ``rounds``
   times a probe of each collective kind at the size the steps send, then ``steps`` AG-Topk and
   AR-Topk steps (:func:`run_probe_bias`; ``bench_probe_bias.py``). One record per cell.
@@ -71,6 +73,8 @@ from hvd_flexcomm.sync import combine_timings  # noqa: E402
 
 TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
+#: the baseline's replicate (plan "replicate"): AG-Topk and AR-Topk again, after Flexible
+REPLICATES = ("ag2", "ar2")
 
 
 class Job:
@@ -178,24 +182,30 @@ def run_grid(job: Job) -> None:
     crs = [float(c) for c in plan["crs"]]
     networks = plan["networks"]
     warmup, steps = int(plan["warmup"]), int(plan["steps"])
+    # "replicate": a second AG-Topk and AR-Topk optimizer ("ag2", "ar2"), interleaved with the
+    # others: the baseline measured again in the same window, what a router that always ran the
+    # better path would be judged by
+    methods = METHODS + (REPLICATES if plan.get("replicate") else ())
     fixed = {}
     for cr in crs:  # AG/AR optimizers persist across networks (they have no network state)
-        fixed[("ag", cr)] = job.make(hvd_flexcomm.AGTopk(cr=cr))
-        fixed[("ar", cr)] = job.make(hvd_flexcomm.ARTopk(cr=cr, selector="star"))
+        for m in methods:
+            if m != "flex":
+                fixed[(m, cr)] = job.make(hvd_flexcomm.AGTopk(cr=cr) if m.startswith("ag")
+                                          else hvd_flexcomm.ARTopk(cr=cr, selector="star"))
     total = int(plan.get("cell_total", len(networks) * len(crs)))
     done = int(plan.get("cell_offset", 0))
     for i, _ in enumerate(networks):
         net = job.wait_for_network(i)
         for cr in crs:
             t_cell = time.perf_counter()
-            setups = {"ag": fixed[("ag", cr)], "ar": fixed[("ar", cr)],
-                      "flex": job.make(flexible_mode(plan, cr))}
-            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in ("ag", "ar")}
+            setups = {m: fixed[(m, cr)] for m in methods if m != "flex"}
+            setups["flex"] = job.make(flexible_mode(plan, cr))
+            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in methods if m != "flex"}
             warm["flex"] = warm_up_flexible(job, *setups["flex"], warmup,
                                             int(plan.get("settle_max", 6)))
-            timed: dict = {m: [] for m in METHODS}
+            timed: dict = {m: [] for m in methods}
             for r in range(steps):
-                order = METHODS if r % 2 == 0 else METHODS[::-1]
+                order = methods if r % 2 == 0 else methods[::-1]
                 for m in order:
                     timed[m].append(job.step(*setups[m]))
             flex_opt = setups["flex"][1]

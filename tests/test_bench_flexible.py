@@ -51,9 +51,10 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     out = tmp_path / "grid"
     # --reuse-job: one horovodrun launch for the four cells (launches are the slow part on a busy
     # 2-core machine); the cells and the outputs are the same as with one job per network.
-    # --hysteresis: a Flexible option that must reach the optimizers the job builds
+    # --hysteresis: a Flexible option that must reach the optimizers the job builds;
+    # --replicate: the baseline runs twice per cell (AG-Topk and AR-Topk again, interleaved)
     proc = subprocess.run([sys.executable, GRID, "--quick", "--reuse-job", "--hysteresis", "0.07",
-                           "--out", str(out)], cwd=REPO,
+                           "--replicate", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=225, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     for name in ("grid.json", "grid.md", "grid.png"):
@@ -74,7 +75,9 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     assert "'hysteresis': 0.07" in (out / "grid.md").read_text()
     for rec in data["records"]:
         assert rec["flex_hysteresis"] == 0.07, rec["flex_hysteresis"]
-        for method, coll in (("ag", ("allgather",)), ("ar", ("allreduce",)), ("flex", PATHS)):
+        assert all(len(rec["timed"][m]) == 4 for m in ("ag", "ar", "flex", "ag2", "ar2")), rec
+        for method, coll in (("ag", ("allgather",)), ("ar", ("allreduce",)), ("flex", PATHS),
+                             ("ag2", ("allgather",)), ("ar2", ("allreduce",))):
             for s in rec["warmup"][method] + rec["timed"][method]:
                 assert s["collective"] in coll, (method, s)
                 assert _positive(s["comm_ms"]) and _positive(s["wall_ms"]), (method, s)
@@ -83,7 +86,11 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     acc = data["acceptance"]
     assert acc["cells"] == len(expected)
     assert 0.0 <= acc["flex_within_5pct_share"] <= 1.0
-    assert "Acceptance" in (out / "grid.md").read_text()
+    assert data["meta"]["replicate"] is True and acc["replicate_cells"] == len(expected)
+    assert 0.0 <= acc["replicate_within_5pct_share"] <= 1.0
+    assert all(_positive(c["replicate_ratio"]) for c in cells)
+    text = (out / "grid.md").read_text()
+    assert "Acceptance" in text and "(`--replicate`" in text
 
 
 CHANGE = os.path.join(REPO, "benchmarks", "bench_flexible_change.py")
@@ -273,3 +280,19 @@ def test_half_ratios_judge_baseline_and_flexible_against_the_other_half():
     assert grid.half_shares([{}]) == {"half_cells": 0}
     line = [x for x in grid.summary_lines({**_ACC, **shares}) if "equal footing" in x]
     assert len(line) == 1 and "(3 cells" in line[0] and "67%, 67%" in line[0], line
+
+
+def test_replicate_shares_count_the_cells_of_a_replicate_run():
+    """``--replicate`` cells carry min(AG2, AR2) / min(AG, AR); runs without it carry None and
+    give no replicate line."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_flexible_grid as grid
+
+    shares = grid.replicate_shares([{"replicate_ratio": x} for x in (0.97, 1.02, 1.2, 1.06)]
+                                   + [{"replicate_ratio": None}, {}])
+    assert shares == {"replicate_cells": 4, "replicate_within_5pct_share": 0.5,
+                      "median_replicate_ratio": pytest.approx(1.04)}
+    assert grid.replicate_shares([{"replicate_ratio": None}]) == {"replicate_cells": 0}
+    lines = grid.summary_lines({**_ACC, **shares})
+    assert any("50% of 4 cells (median ratio 1.04)" in x for x in lines), lines
+    assert not any("--replicate" in x for x in grid.summary_lines(dict(_ACC)))
