@@ -512,7 +512,7 @@ def spans_after_drift(steps: int = 70, drift_at: int = 30) -> dict:
     # start-up probe's prediction for drift_patience steps) would re-route at its step, and the
     # test's spans would start on a path the rows do not show
     ctrl.drift.threshold = math.inf
-    rows, losses, versions, probes = [], [], [], []
+    rows, losses, versions, probes, base_crs = [], [], [], [], []
     for step in range(steps):
         if step == drift_at:
             ctrl.span_other_due, ctrl.span_soon_step = True, step
@@ -526,9 +526,11 @@ def spans_after_drift(steps: int = 70, drift_at: int = 30) -> dict:
         losses.append(float(loss))
         versions.append(ctrl.model_version)
         probes.append(stats["probe_kind"])
+        base_crs.append(opt._flex_base_cr)  # the CR in use (a span step's row shows the span's)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     everyone = hvd.allgather(params[None], name="spans_after_drift.params")
     return {"rows": rows, "losses": losses, "versions": versions, "probes": probes,
+            "base_crs": base_crs,
             "params_agree": bool((everyone == everyone[0]).all()),
             "span_moves": ctrl.n_span_moves}
 
