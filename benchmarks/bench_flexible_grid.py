@@ -89,6 +89,10 @@ def _median(xs: list[float]) -> float:
 # -- per-cell summary --------------------------------------------------------------------------------
 
 
+#: the ratios of :func:`half_ratios`, in the order the acceptance line reports them
+HALF_RATIOS = ("retest_later", "retest_earlier", "flex_later", "flex_earlier")
+
+
 def half_ratios(ag_ms: list[float], ar_ms: list[float], flex_ms: list[float]) -> dict[str, float]:
     """The 1.05 criterion on equal footing, from the halves of a cell's timed steps (``h =
     min(len) // 2`` steps in the first half, the rest in the second; medians of ms per step).
@@ -107,8 +111,7 @@ def half_ratios(ag_ms: list[float], ar_ms: list[float], flex_ms: list[float]) ->
     NaN where a half has no finite time. Pure function."""
     ag, ar, fl = _finite(ag_ms), _finite(ar_ms), _finite(flex_ms)
     h = min(len(ag), len(ar), len(fl)) // 2
-    nan = {key: float("nan") for key in ("retest_later", "retest_earlier", "flex_later",
-                                         "flex_earlier")}
+    nan = {key: float("nan") for key in HALF_RATIOS}
     if h < 1:
         return nan
     base = (min(_median(ag[:h]), _median(ar[:h])), min(_median(ag[h:]), _median(ar[h:])))
@@ -295,7 +298,7 @@ def half_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not halves:
         return {"half_cells": 0}
     out: dict[str, Any] = {"half_cells": len(halves)}
-    for key in ("retest_later", "retest_earlier", "flex_later", "flex_earlier"):
+    for key in HALF_RATIOS:
         out[f"half_{key}_share"] = sum(h[key] <= TARGET_RATIO for h in halves) / len(halves)
     return out
 
@@ -398,8 +401,7 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
             f"(median ratio {acc['median_replicate_ratio']:.2f}): what a router that always ran "
             f"the better path, with no start-up and no exploring, scores on this test bed")
     if acc.get("half_cells"):
-        pct = {key: f"{100 * acc[f'half_{key}_share']:.0f}%" for key in
-               ("retest_later", "retest_earlier", "flex_later", "flex_earlier")}
+        pct = {key: f"{100 * acc[f'half_{key}_share']:.0f}%" for key in HALF_RATIOS}
         out.append(
             f"- on equal footing, halves of each cell's timed steps judged against the other half "
             f"of the baseline min(AG, AR) ({acc['half_cells']} cells; second half vs first, first "

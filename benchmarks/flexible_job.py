@@ -186,21 +186,21 @@ def run_grid(job: Job) -> None:
     # others: the baseline measured again in the same window, what a router that always ran the
     # better path would be judged by
     methods = METHODS + (REPLICATES if plan.get("replicate") else ())
+    fixed_methods = [m for m in methods if m != "flex"]
     fixed = {}
     for cr in crs:  # AG/AR optimizers persist across networks (they have no network state)
-        for m in methods:
-            if m != "flex":
-                fixed[(m, cr)] = job.make(hvd_flexcomm.AGTopk(cr=cr) if m.startswith("ag")
-                                          else hvd_flexcomm.ARTopk(cr=cr, selector="star"))
+        for m in fixed_methods:
+            fixed[(m, cr)] = job.make(hvd_flexcomm.AGTopk(cr=cr) if m.startswith("ag")
+                                      else hvd_flexcomm.ARTopk(cr=cr, selector="star"))
     total = int(plan.get("cell_total", len(networks) * len(crs)))
     done = int(plan.get("cell_offset", 0))
     for i, _ in enumerate(networks):
         net = job.wait_for_network(i)
         for cr in crs:
             t_cell = time.perf_counter()
-            setups = {m: fixed[(m, cr)] for m in methods if m != "flex"}
+            setups = {m: fixed[(m, cr)] for m in fixed_methods}
             setups["flex"] = job.make(flexible_mode(plan, cr))
-            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in methods if m != "flex"}
+            warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in fixed_methods}
             warm["flex"] = warm_up_flexible(job, *setups["flex"], warmup,
                                             int(plan.get("settle_max", 6)))
             timed: dict = {m: [] for m in methods}
