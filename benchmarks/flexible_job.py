@@ -220,6 +220,7 @@ def run_grid(job: Job) -> None:
                 "flex_drift_steps": getattr(ctrl, "n_drift_steps", None),
                 "flex_refresh_steps": getattr(ctrl, "n_refresh_steps", None),
                 "flex_recheck_steps": getattr(ctrl, "n_recheck_steps", None),
+                "flex_held_switches": getattr(ctrl, "n_held_switches", None),
                 "flex_hysteresis": getattr(getattr(ctrl, "mode", None), "hysteresis", None),
                 "cell_s": time.perf_counter() - t_cell,
             }

@@ -172,6 +172,10 @@ class LinearCostFit:
         """Number of distinct byte sizes in the window."""
         return len({x for x, _ in self._samples})
 
+    def n_samples_at(self, nbytes: float) -> int:
+        """Number of samples in the window at exactly ``nbytes`` bytes."""
+        return sum(1 for x, _ in self._samples if x == float(nbytes))
+
     @property
     def samples(self) -> list[tuple[float, float]]:
         """The window's ``(bytes, ms)`` samples, oldest first (a copy)."""

@@ -29,7 +29,7 @@ from typing import Any, Optional, Union
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
 from .compression import Flexible
 from .probing import BARRIER_BYTES, barriers_needed
-from .routing import PATHS, Router
+from .routing import PATHS, Router, choose_path
 from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
 from .topk import k_for
 
@@ -83,6 +83,16 @@ REMEASURE_MAX_WAIT = 5
 #: back is a switch too, so the path it leaves gets its own recheck (each such step costs
 #: about nothing where the paths are that close).
 RECHECK_AFTER_STEPS = 5
+
+#: Under Flexible (a fixed CR) the route does not leave its path while that path's level at the
+#: size in use rests on fewer real steps than this (once a warm step has replaced the probe's
+#: timings there, :meth:`FlexibleController.observe_step`): the level of one or two samples is
+#: their mean, and a single slow step then reads as the path's cost. In the acceptance grid at
+#: 4e63a08 (N = 2) AG-Topk's first warm step read 9.4 ms where its steps took 3-4 ms (0.1 ms,
+#: 1 Gbit/s, CR 0.001), and a step of 157.5 ms after one of 64.4 ms put its level at 111 ms
+#: (1 ms, unlimited, CR 0.1); both moved the route to the slower AR-Topk. Three samples have an
+#: interquartile mean equal to their median, which one outlier does not move far.
+SETTLED_SAMPLES = 3
 
 
 def _other_path(path: str) -> str:
@@ -212,6 +222,9 @@ class FlexibleController:
         #: (:data:`RECHECK_AFTER_STEPS`; None: none due), and the count of such rechecks
         self.recheck_step: Optional[int] = None
         self.n_recheck_steps = 0
+        #: decisions where the router would have left the path in use but its level at the size
+        #: in use rested on fewer than :data:`SETTLED_SAMPLES` real steps (see :meth:`decide`)
+        self.n_held_switches = 0
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -241,6 +254,19 @@ class FlexibleController:
         if path == "allgather":
             return {"allgather"}
         return {"broadcast", "allreduce"} | ({"allgather"} if self.mode.selector == "var" else set())
+
+    def level_unsettled(self, path: str, cr: float) -> bool:
+        """Whether ``path``'s level at the k of ``cr`` rests on real steps (the probe's timings
+        there were replaced, :meth:`observe_step`; Flexible only) and on fewer than
+        :data:`SETTLED_SAMPLES` of them for some collective kind of the path."""
+        sizes = self.payload_bytes(k_for(cr, self.numel))
+        sizes["allgather"] = 8 if path == "allreduce" else sizes["allgather"]  # VAR's gather
+        for kind in self._path_kinds(path):
+            nbytes = sizes[kind]
+            if ((kind, nbytes) in self.stepped_sizes
+                    and self.model.fits[kind].n_samples_at(nbytes) < SETTLED_SAMPLES):
+                return True
+        return False
 
     @property
     def reprobes_by_steps(self) -> bool:
@@ -647,11 +673,23 @@ class FlexibleController:
         like with like; probing the dense size itself would cost several steps)."""
         self.predicted_ms = self.predict(cr)
         self._remeasure_checks(step, cr)
-        if self.remeasure_path is not None and self.router.current is not None:
+        current = self.router.current
+        if self.remeasure_path is not None and current is not None:
             # the path not in use is being re-measured: the route holds until its timings arrive
-            path, switched = self.router.current, False
+            path, switched = current, False
+        elif current in PATHS and self.level_unsettled(current, cr):
+            # the path in use's level rests on one or two real steps: it holds (SETTLED_SAMPLES)
+            path, switched = current, False
+            other = _other_path(current)
+            if choose_path(self.predicted_ms["allgather"], self.predicted_ms["allreduce"],
+                           current, self.mode.hysteresis) == other:
+                self.n_held_switches += 1
+                log.info("hvd_flexcomm: step %d: staying on the %s at cr %g: predicted %.2f ms "
+                         "against %.2f ms on the %s, but its level rests on fewer than %d real "
+                         "steps", step, current, cr, self.predicted_ms[current],
+                         self.predicted_ms[other], other, SETTLED_SAMPLES)
         else:
-            afresh = self.router.current is None
+            afresh = current is None
             decision = self.router.decide(step, self.predicted_ms["allgather"],
                                           self.predicted_ms["allreduce"])
             path = decision.path
@@ -945,6 +983,7 @@ class FlexibleController:
                 "n_drift_probes": self.n_drift_probes, "n_refreshes": self.n_refreshes,
                 "n_drift_steps": self.n_drift_steps, "n_refresh_steps": self.n_refresh_steps,
                 "n_recheck_steps": self.n_recheck_steps, "recheck_step": self.recheck_step,
+                "n_held_switches": self.n_held_switches,
                 "refresh_ms_total": self.refresh_ms_total,
                 "step_comm_ms_total": self.step_comm_ms_total,
                 "span_ms_total": self.span_ms_total, "last_span_step": self.last_span_step,
@@ -980,6 +1019,7 @@ class FlexibleController:
         self.n_refresh_steps = int(state.get("n_refresh_steps", 0))
         self.n_recheck_steps = int(state.get("n_recheck_steps", 0))
         self.recheck_step = state.get("recheck_step")
+        self.n_held_switches = int(state.get("n_held_switches", 0))
         self._end_remeasure()  # a re-measure under way is not resumed (as a drift probe due)
         self.refresh_ms_total = float(state.get("refresh_ms_total", 0.0))
         self.step_comm_ms_total = float(state.get("step_comm_ms_total", 0.0))

@@ -43,6 +43,16 @@ def test_noiseless_recovery():
     assert fit.n_samples == 5 and fit.n_sizes == 5 and fit.has_slope
 
 
+def test_samples_are_counted_per_size():
+    fit = LinearCostFit(window=4)
+    for x, ms in [(100, 1.0), (200, 2.0), (100, 1.1), (100, 0.9)]:
+        fit.add(x, ms)
+    assert fit.n_samples_at(100) == 3 and fit.n_samples_at(200.0) == 1
+    assert fit.n_samples_at(300) == 0
+    fit.add(300, 3.0)  # the window drops the oldest sample, one at 100 bytes
+    assert fit.n_samples_at(100) == 2 and fit.n_samples_at(300) == 1
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_noisy_recovery_within_tolerance(seed):
     # +-5% multiplicative uniform noise, 5 repeats at each of 5 sizes (25 samples).

@@ -8,6 +8,7 @@ import pytest
 from hvd_flexcomm import Adaptive, Flexible
 from hvd_flexcomm.flexible import PATH_CODES, FlexibleController
 from hvd_flexcomm.probing import repeat_counts
+from hvd_flexcomm.topk import k_for
 
 NUMEL = 1_000_000
 
@@ -880,24 +881,81 @@ def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, ex
             return 1e-6 * sizes["allgather"], 0.0
         return ar_true * sizes["broadcast"], ar_true * sizes["allreduce"]
 
-    paths, exploring = _route_steps(ctrl, range(12), warm_ms)
+    paths, exploring = _route_steps(ctrl, range(14), warm_ms)
     if not explores:
-        assert paths == ["allgather"] * 12 and not any(exploring)
+        assert paths == ["allgather"] * 14 and not any(exploring)
         assert ctrl.n_explorations == 0
         return
     # steps 0-1 run the route's choice (cold, then warm), steps 2-3 explore (cold, then warm);
     # step 4 is decided before the warm exploring step's timings arrive, step 5 after: the
-    # router then compares two real steps and moves to the allreduce
-    assert paths[:5] == ["allgather", "allgather", "allreduce", "allreduce", "allgather"], paths
-    assert exploring[:5] == [False, False, True, True, False]
-    # the switch at step 5 leaves the allgather: RECHECK_AFTER_STEPS later it runs one warm
+    # router then compares two real steps, but the allgather's level rests on one warm step
+    # (step 1), at step 6 on two (steps 1, 4): it holds (SETTLED_SAMPLES); at step 7, with
+    # three, the route moves to the allreduce
+    assert paths[:7] == ["allgather", "allgather", "allreduce", "allreduce"] + ["allgather"] * 3
+    assert exploring[:7] == [False, False, True, True, False, False, False]
+    assert ctrl.n_held_switches == 2
+    # the switch at step 7 leaves the allgather: RECHECK_AFTER_STEPS later it runs one warm
     # step (still slower), and the route stays
-    assert paths[5:] == ["allreduce"] * 5 + ["allgather", "allreduce"], paths
-    assert exploring[5:] == [False] * 5 + [True, False]
+    assert paths[7:] == ["allreduce"] * 5 + ["allgather", "allreduce"], paths
+    assert exploring[7:] == [False] * 5 + [True, False]
     assert ctrl.n_explorations == 1 and ctrl.router.current == "allreduce"
     assert ctrl.n_recheck_steps == 1 and ctrl.recheck_step is None
     assert ctrl.predicted_ms["allreduce"] == pytest.approx(sum(warm_ms("allreduce")))
     assert not ctrl.probe_due  # the exploring steps did not reach the drift detector
+
+
+@pytest.mark.parametrize("slow_steps, moves, holds", [({1}, False, 2), ({2}, False, 1),
+                                                      (set(range(1, 40)), True, 2)])
+def test_one_slow_step_among_the_first_three_does_not_move_the_route(slow_steps, moves, holds):
+    """The allgather in use (AR-Topk 1.28x slower; no exploring, no refresh) takes 2.5x its
+    time at ``slow_steps``. Its level at the size in use rests on real steps from its first warm
+    step on (step 1; step 0 is cold); while one or two are in, the route does not leave it
+    (``SETTLED_SAMPLES``): one slow step, the first (a level of 2.5x, then 1.75x: two holds) or
+    the second (1.75x: one hold), leaves the route alone once the third is in (their median);
+    a network that stays slow moves it then (step 5, decided on the timings of steps 1-3)."""
+    mode = Flexible(cr=0.01, reprobe_interval=0, explore_within=0)
+    ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
+    sizes = ctrl.payload_bytes(10_000)
+    # latency-bound, as the grid's 0.1 ms cells: each op costs 1 ms plus 1 ms per MB
+    true_ms = {"allgather": lambda b: 1.0 + 1e-6 * b,
+               "broadcast": lambda b: 0.65 + 1e-6 * b, "allreduce": lambda b: 0.65 + 1e-6 * b}
+    plan, repeats, what = ctrl.probe_plan(0, 0.01)
+    ctrl.after_probe(0, [(kind, nbytes, true_ms[kind](nbytes))
+                         for (kind, nbytes), count in zip(plan, repeat_counts(len(plan), repeats))
+                         for _ in range(count)], what, spent_ms=5.0)
+
+    def warm_ms(path, step):
+        if path == "allgather":
+            factor = 2.5 if step in slow_steps else 1.0
+            return factor * true_ms["allgather"](sizes["allgather"]), 0.0
+        return (true_ms["broadcast"](sizes["broadcast"]),
+                true_ms["allreduce"](sizes["allreduce"]))
+
+    paths, _ = _route_steps(ctrl, range(8), warm_ms)
+    if moves:
+        assert paths == ["allgather"] * 5 + ["allreduce"] * 3, paths
+    else:
+        assert paths == ["allgather"] * 8, paths
+    assert ctrl.n_held_switches == holds, ctrl.n_held_switches
+    assert ctrl.to_dict()["n_held_switches"] == ctrl.n_held_switches
+
+
+def test_levels_of_probes_or_of_candidate_crs_never_hold_the_route():
+    """Before a warm step has replaced the probe's timings at the size in use, and under
+    Adaptive (whose sizes are never marked as stepped), the route follows the predictions."""
+    ctrl = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
+    assert ctrl.decide(0, 0.01) == "allgather"
+    assert not ctrl.level_unsettled("allgather", 0.01)
+    adaptive = FlexibleController(Adaptive(), world_size=2, numel=NUMEL)
+    adaptive.probe_crs = (0.1, 0.001)
+    _probe(adaptive, 0, 0.1, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=1.0)
+    assert adaptive.decide(0, 0.1) == "allgather"
+    sizes = adaptive.payload_bytes(k_for(0.1, NUMEL))  # one step 50x slower moves the route
+    adaptive.observe_step([PATH_CODES["allgather"], 50 * (1.0 + 1e-6 * sizes["allgather"]),
+                           0.0, 0.0], 0.1)
+    assert not adaptive.level_unsettled("allgather", 0.1)
+    assert adaptive.decide(1, 0.1) == "allreduce" and adaptive.n_held_switches == 0
 
 
 def test_exploring_follows_full_and_drift_probes_of_flexible_only():
