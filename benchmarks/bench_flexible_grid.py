@@ -220,6 +220,9 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "wall_ag_ms": wall["ag"], "wall_ar_ms": wall["ar"], "wall_flex_ms": wall["flex"],
         "wall_ratio": wall["flex"] / min(wall["ag"], wall["ar"]),
         "flex_switches": rec.get("flex_switches"), "flex_full_probes": rec.get("flex_full_probes"),
+        # decisions where the route held a path whose level rested on fewer than three real
+        # steps (flexible.SETTLED_SAMPLES; recorded since 38164bd, None before)
+        "flex_held_switches": rec.get("flex_held_switches"),
         "cell_s": rec.get("cell_s"),
     }
 
@@ -273,7 +276,19 @@ def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_err_own": _median([r["err_own"] for r in rows if r["err_own"] is not None]),
         **half_shares(rows),
         **replicate_shares(rows),
+        **route_counts(rows),
     }
+
+
+def route_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cells whose timed Flexible steps ran both paths (``both_paths_cells``), and, where the
+    records have them (runs since 38164bd), the decisions where the route held a path whose level
+    rested on fewer than three real steps: their total and the cells with any."""
+    out: dict[str, Any] = {"both_paths_cells": sum(1 for r in rows if len(r["choices"]) > 1)}
+    held = [r["flex_held_switches"] for r in rows if r.get("flex_held_switches") is not None]
+    if held:
+        out.update(held_switches=sum(held), held_switch_cells=sum(1 for x in held if x))
+    return out
 
 
 def replicate_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -393,6 +408,13 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
         f"- with rank 0's own comm ms instead (waits for slower ranks included): Flexible <= 1.05 x "
         f"min(AG, AR) in {100 * acc['rank0_within_5pct_share']:.0f}% of cells",
     ]
+    if "both_paths_cells" in acc:
+        out.append(
+            f"- Flexible's timed steps ran both paths in {acc['both_paths_cells']} of "
+            f"{acc['cells']} cells (exploring and rechecking steps included)"
+            + (f"; the route held a path whose level rested on fewer than three real steps, "
+               f"where it would have switched, {acc['held_switches']} times in "
+               f"{acc['held_switch_cells']} cells" if "held_switches" in acc else ""))
     if acc.get("replicate_cells"):
         out.append(
             f"- the baseline against itself (`--replicate`: AG-Topk and AR-Topk run twice, "

@@ -296,3 +296,22 @@ def test_replicate_shares_count_the_cells_of_a_replicate_run():
     lines = grid.summary_lines({**_ACC, **shares})
     assert any("50% of 4 cells (median ratio 1.04)" in x for x in lines), lines
     assert not any("--replicate" in x for x in grid.summary_lines(dict(_ACC)))
+
+
+def test_route_counts_report_cells_on_both_paths_and_held_switches():
+    """Cells whose timed steps ran both paths, and the held switches where the records have
+    them (None in runs before they were recorded: no count, no clause)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_flexible_grid as grid
+
+    rows = [{"choices": {"allgather": 16}, "flex_held_switches": 0},
+            {"choices": {"allgather": 9, "allreduce": 7}, "flex_held_switches": 2},
+            {"choices": {"allreduce": 15, "allgather": 1}, "flex_held_switches": 1}]
+    counts = grid.route_counts(rows)
+    assert counts == {"both_paths_cells": 2, "held_switches": 3, "held_switch_cells": 2}
+    line = [x for x in grid.summary_lines({**_ACC, **counts}) if "both paths" in x]
+    assert len(line) == 1 and "in 2 of 3 cells" in line[0] and "3 times in 2 cells" in line[0]
+    old = grid.route_counts([{**r, "flex_held_switches": None} for r in rows])
+    assert old == {"both_paths_cells": 2}
+    line = [x for x in grid.summary_lines({**_ACC, **old}) if "both paths" in x]
+    assert len(line) == 1 and "held" not in line[0]
