@@ -187,6 +187,11 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "halves": half_ratios(*([s[key] for s in timed[m]] for m in ("ag", "ar", "flex"))),
         # --replicate: the baseline's second run, min(AG2, AR2) (the better of its own pair) over
         # min(AG, AR): Flexible's criterion with a router that always ran the better path
+        # --ab: a second Flexible with some options changed, interleaved in the same cell: its
+        # ratio to min(AG, AR), and to the first Flexible's time (B / A)
+        **({"flexb_ms": _median([s[key] for s in timed["flexb"]]),
+            "flexb_choices": dict(Counter(s["collective"] for s in timed["flexb"])),
+            "flexb_held_switches": rec.get("flexb_held_switches")} if "flexb" in timed else {}),
         "replicate_ratio": (min(_median([s[key] for s in timed["ag2"]]),
                                 _median([s[key] for s in timed["ar2"]])) / best_ms
                             if {"ag2", "ar2"} <= set(timed) else None),
@@ -221,7 +226,7 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "wall_ratio": wall["flex"] / min(wall["ag"], wall["ar"]),
         "flex_switches": rec.get("flex_switches"), "flex_full_probes": rec.get("flex_full_probes"),
         # decisions where the route held a path whose level rested on fewer than three real
-        # steps (flexible.SETTLED_SAMPLES; recorded since 38164bd, None before)
+        # steps (Flexible.level_steps; recorded since 38164bd, None before)
         "flex_held_switches": rec.get("flex_held_switches"),
         "cell_s": rec.get("cell_s"),
     }
@@ -277,7 +282,33 @@ def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
         **half_shares(rows),
         **replicate_shares(rows),
         **route_counts(rows),
+        **ab_shares(rows),
     }
+
+
+def ab_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the cells with a second Flexible (``--ab``): how many (``ab_cells``), its share
+    (fraction) within 1.05 of min(AG, AR) beside the first Flexible's in the same cells, the
+    median of B / A per cell, the cells where B was faster than A by more than 5%, slower by more
+    than 5%, and the cells whose timed B steps ran both paths."""
+    ab = [r for r in rows if r.get("flexb_ms") is not None]
+    if not ab:
+        return {"ab_cells": 0}
+
+    def best(r: dict[str, Any]) -> float:
+        return min(r["ag_ms"], r["ar_ms"])
+
+    ratios = [r["flexb_ms"] / r["flex_ms"] for r in ab]
+    return {"ab_cells": len(ab),
+            "ab_b_within_5pct_share": sum(r["flexb_ms"] <= TARGET_RATIO * best(r) for r in ab)
+            / len(ab),
+            "ab_a_within_5pct_share": sum(r["flex_ms"] <= TARGET_RATIO * best(r) for r in ab)
+            / len(ab),
+            "ab_median_ratio": _median(ratios),
+            "ab_b_faster_cells": sum(x < 1 / TARGET_RATIO for x in ratios),
+            "ab_b_slower_cells": sum(x > TARGET_RATIO for x in ratios),
+            "ab_b_both_paths_cells": sum(1 for r in ab if len(r["flexb_choices"]) > 1),
+            "ab_a_both_paths_cells": sum(1 for r in ab if len(r["choices"]) > 1)}
 
 
 def route_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -415,6 +446,15 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
             + (f"; the route held a path whose level rested on fewer than three real steps, "
                f"where it would have switched, {acc['held_switches']} times in "
                f"{acc['held_switch_cells']} cells" if "held_switches" in acc else ""))
+    if acc.get("ab_cells"):
+        out.append(
+            f"- A/B (`--ab {acc.get('ab_label', '')}`: a second Flexible with those options, "
+            f"interleaved in the same {acc['ab_cells']} cells): <= 1.05 x min(AG, AR) in "
+            f"{100 * acc['ab_b_within_5pct_share']:.0f}% of them against "
+            f"{100 * acc['ab_a_within_5pct_share']:.0f}% for Flexible as configured; B / A median "
+            f"{acc['ab_median_ratio']:.2f}, B faster by more than 5% in {acc['ab_b_faster_cells']}, "
+            f"slower in {acc['ab_b_slower_cells']}; timed steps on both paths in "
+            f"{acc['ab_b_both_paths_cells']} (B) and {acc['ab_a_both_paths_cells']} (A) cells")
     if acc.get("replicate_cells"):
         out.append(
             f"- the baseline against itself (`--replicate`: AG-Topk and AR-Topk run twice, "
@@ -499,6 +539,8 @@ def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any])
     rows = [summarize(r) for r in records if r.get("kind") == "cell"]
     rows.sort(key=lambda r: (r["N"], r["latency_ms"], r["rate_mbit"] or math.inf, -r["cr"]))
     acc = acceptance(rows)
+    if acc.get("ab_cells"):
+        acc["ab_label"] = " ".join(f"{k}={v}" for k, v in (meta.get("ab_options") or {}).items())
     with open(os.path.join(out, "grid.json"), "w") as fh:
         json.dump({"meta": meta, "acceptance": acc, "cells": rows, "records": records}, fh, indent=1)
     with open(os.path.join(out, "grid.md"), "w") as fh:
@@ -510,6 +552,18 @@ def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any])
 
 
 # -- main ------------------------------------------------------------------------------------------
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``OPTION=VALUE`` of ``--ab``: the value read as JSON (numbers, true/false), else as a
+    string. Pure function; a ValueError names the text without ``=``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"expected OPTION=VALUE, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -528,6 +582,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, help="timed steps per method and cell")
     ap.add_argument("--hysteresis", type=float,
                     help="Flexible's hysteresis (fraction; default: the package's)")
+    ap.add_argument("--ab", nargs="+", metavar="OPTION=VALUE", type=parse_option,
+                    help="A/B: run a second Flexible per cell with these options changed (e.g. "
+                         "level_steps=1), interleaved with the others")
     ap.add_argument("--replicate", action="store_true",
                     help="run AG-Topk and AR-Topk twice per cell, interleaved (the second pair "
                     "after Flexible): the baseline against itself in the same window, what a "
@@ -558,9 +615,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     mode = ("quick" if args.quick else "full") + (" (overridden)" if overridden else "")
     networks = [drv.network(d, b) for d in cfg["latency_ms"] for b in cfg["bandwidth"]]
     flex_options = {} if args.hysteresis is None else {"hysteresis": args.hysteresis}
+    ab_options = dict(args.ab or ())
+    if ab_options:
+        import hvd_flexcomm
+
+        try:
+            hvd_flexcomm.Flexible(cr=0.01, **flex_options, **ab_options)
+        except (TypeError, ValueError) as exc:
+            ap.error(f"--ab {' '.join(f'{k}={v}' for k, v in ab_options.items())}: {exc}")
     meta = {"mode": mode, "numel": cfg["numel"], "config": cfg, "barrier": not args.no_barrier,
             "flex_options": flex_options, "replicate": args.replicate,
-            "reuse_job": args.reuse_job,
+            "ab_options": ab_options, "reuse_job": args.reuse_job,
             "started": time.strftime("%c"),
             "job_s": {}}
     total = len(cfg["n"]) * len(networks) * len(cfg["cr"])
@@ -572,7 +637,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     failures = []
     plan = {"kind": "grid", "numel": cfg["numel"], "crs": cfg["cr"], "warmup": cfg["warmup"],
             "steps": cfg["steps"], "barrier": not args.no_barrier, "flex_options": flex_options,
-            "replicate": args.replicate}
+            "replicate": args.replicate, "ab_options": ab_options}
     def echo(line: str) -> None:
         if " cell " in line or "FAIL" in line or "Error" in line:
             print(f"  {line}  [total elapsed {time.perf_counter() - t_start:.0f} s]", flush=True)

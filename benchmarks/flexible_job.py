@@ -75,6 +75,9 @@ TAG = "[flexible_job]"
 METHODS = ("ag", "ar", "flex")
 #: the baseline's replicate (plan "replicate"): AG-Topk and AR-Topk again, after Flexible
 REPLICATES = ("ag2", "ar2")
+#: a second Flexible (plan "ab_options": Flexible's options with these changed), right after the
+#: first: the two variants of the router compared step by step in the same window
+FLEX_B = "flexb"
 
 
 class Job:
@@ -185,8 +188,11 @@ def run_grid(job: Job) -> None:
     # "replicate": a second AG-Topk and AR-Topk optimizer ("ag2", "ar2"), interleaved with the
     # others: the baseline measured again in the same window, what a router that always ran the
     # better path would be judged by
-    methods = METHODS + (REPLICATES if plan.get("replicate") else ())
-    fixed_methods = [m for m in methods if m != "flex"]
+    ab = plan.get("ab_options")
+    methods = METHODS + ((FLEX_B,) if ab else ()) + (REPLICATES if plan.get("replicate") else ())
+    flex_methods = {"flex": plan, FLEX_B: {**plan, "flex_options": {
+        **(plan.get("flex_options") or {}), **(ab or {})}}}
+    fixed_methods = [m for m in methods if m not in flex_methods]
     fixed = {}
     for cr in crs:  # AG/AR optimizers persist across networks (they have no network state)
         for m in fixed_methods:
@@ -199,10 +205,12 @@ def run_grid(job: Job) -> None:
         for cr in crs:
             t_cell = time.perf_counter()
             setups = {m: fixed[(m, cr)] for m in fixed_methods}
-            setups["flex"] = job.make(flexible_mode(plan, cr))
             warm = {m: [job.step(*setups[m]) for _ in range(warmup)] for m in fixed_methods}
-            warm["flex"] = warm_up_flexible(job, *setups["flex"], warmup,
-                                            int(plan.get("settle_max", 6)))
+            for m in methods:
+                if m in flex_methods:
+                    setups[m] = job.make(flexible_mode(flex_methods[m], cr))
+                    warm[m] = warm_up_flexible(job, *setups[m], warmup,
+                                               int(plan.get("settle_max", 6)))
             timed: dict = {m: [] for m in methods}
             for r in range(steps):
                 order = methods if r % 2 == 0 else methods[::-1]
@@ -224,6 +232,11 @@ def run_grid(job: Job) -> None:
                 "flex_hysteresis": getattr(getattr(ctrl, "mode", None), "hysteresis", None),
                 "cell_s": time.perf_counter() - t_cell,
             }
+            if FLEX_B in setups:
+                ctrl_b = setups[FLEX_B][1]._flex_controller
+                record.update(flexb_switches=ctrl_b.n_switches,
+                              flexb_held_switches=ctrl_b.n_held_switches)
+                del ctrl_b
             job.emit(record)
             del setups, flex_opt, ctrl
             gc.collect()

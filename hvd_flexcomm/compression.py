@@ -180,6 +180,15 @@ class Flexible(TopkCompression):
       start-up probe predicted AR-Topk's steps 23% too slow (median of 54 cells), and the path
       not in use is not measured otherwise. 0 disables. Adaptive does not explore (its span
       steps measure real steps at other sizes).
+    - ``level_steps``: once a warm step has replaced the probe's timing of the size in use, the
+      route does not leave its path while that path's level there rests on fewer real steps than
+      this (the level of one or two steps is their mean, of three their median). 1: the first
+      warm step's timing can move the route. In the acceptance grid at 4e63a08 (N = 2) a slow
+      first warm step (9.4 ms where the allgather's steps took 3-4 ms) and a slow step after a
+      normal one (157.5 ms after 64.4 ms) each moved a cell to the slower path; at 38164bd the
+      hold delayed a move to the better path in four cells (one of them 1.09 instead of about
+      1.01). A hold costs at most ``level_steps - 1`` steps on the path in use per size.
+      Adaptive's levels keep its probes' timings, so it never holds.
 
     Decisions are made on rank 0 from its calibrated model and delivered to every rank inside the
     step's own payload (no extra round trip); every rank switches at the same step. Only
@@ -196,6 +205,7 @@ class Flexible(TopkCompression):
     probe_repeats: int = 2
     explore_within: float = 2.0
     reprobe_by: str = "steps"
+    level_steps: int = 3
     collective = "flexible"
 
     def __post_init__(self) -> None:
@@ -208,7 +218,7 @@ class Flexible(TopkCompression):
         _check_fraction("drift_threshold", self.drift_threshold, allow_zero=False)
         _check_positive("probe_budget", self.probe_budget, "a positive number (a fraction of the "
                         "measured communication time, e.g. 0.02)")
-        _check_ints(self, ("drift_patience", "probe_repeats"), minimum=1)
+        _check_ints(self, ("drift_patience", "probe_repeats", "level_steps"), minimum=1)
         _check_ints(self, ("reprobe_interval",), minimum=0)
         explore = self.explore_within
         numeric = isinstance(explore, (int, float)) and not isinstance(explore, bool)

@@ -84,16 +84,6 @@ REMEASURE_MAX_WAIT = 5
 #: about nothing where the paths are that close).
 RECHECK_AFTER_STEPS = 5
 
-#: Under Flexible (a fixed CR) the route does not leave its path while that path's level at the
-#: size in use rests on fewer real steps than this (once a warm step has replaced the probe's
-#: timings there, :meth:`FlexibleController.observe_step`): the level of one or two samples is
-#: their mean, and a single slow step then reads as the path's cost. In the acceptance grid at
-#: 4e63a08 (N = 2) AG-Topk's first warm step read 9.4 ms where its steps took 3-4 ms (0.1 ms,
-#: 1 Gbit/s, CR 0.001), and a step of 157.5 ms after one of 64.4 ms put its level at 111 ms
-#: (1 ms, unlimited, CR 0.1); both moved the route to the slower AR-Topk. Three samples have an
-#: interquartile mean equal to their median, which one outlier does not move far.
-SETTLED_SAMPLES = 3
-
 
 def _other_path(path: str) -> str:
     """The sparse path that is not ``path``."""
@@ -223,7 +213,7 @@ class FlexibleController:
         self.recheck_step: Optional[int] = None
         self.n_recheck_steps = 0
         #: decisions where the router would have left the path in use but its level at the size
-        #: in use rested on fewer than :data:`SETTLED_SAMPLES` real steps (see :meth:`decide`)
+        #: in use rested on fewer than ``mode.level_steps`` real steps (see :meth:`decide`)
         self.n_held_switches = 0
 
     # -- sizes -----------------------------------------------------------------------------------
@@ -258,13 +248,13 @@ class FlexibleController:
     def level_unsettled(self, path: str, cr: float) -> bool:
         """Whether ``path``'s level at the k of ``cr`` rests on real steps (the probe's timings
         there were replaced, :meth:`observe_step`; Flexible only) and on fewer than
-        :data:`SETTLED_SAMPLES` of them for some collective kind of the path."""
+        ``mode.level_steps`` of them for some collective kind of the path."""
         sizes = self.payload_bytes(k_for(cr, self.numel))
         sizes["allgather"] = 8 if path == "allreduce" else sizes["allgather"]  # VAR's gather
         for kind in self._path_kinds(path):
             nbytes = sizes[kind]
             if ((kind, nbytes) in self.stepped_sizes
-                    and self.model.fits[kind].n_samples_at(nbytes) < SETTLED_SAMPLES):
+                    and self.model.fits[kind].n_samples_at(nbytes) < self.mode.level_steps):
                 return True
         return False
 
@@ -678,7 +668,7 @@ class FlexibleController:
             # the path not in use is being re-measured: the route holds until its timings arrive
             path, switched = current, False
         elif current in PATHS and self.level_unsettled(current, cr):
-            # the path in use's level rests on one or two real steps: it holds (SETTLED_SAMPLES)
+            # the path in use's level rests on too few real steps: it holds (mode.level_steps)
             path, switched = current, False
             other = _other_path(current)
             if choose_path(self.predicted_ms["allgather"], self.predicted_ms["allreduce"],
@@ -687,7 +677,7 @@ class FlexibleController:
                 log.info("hvd_flexcomm: step %d: staying on the %s at cr %g: predicted %.2f ms "
                          "against %.2f ms on the %s, but its level rests on fewer than %d real "
                          "steps", step, current, cr, self.predicted_ms[current],
-                         self.predicted_ms[other], other, SETTLED_SAMPLES)
+                         self.predicted_ms[other], other, self.mode.level_steps)
         else:
             afresh = current is None
             decision = self.router.decide(step, self.predicted_ms["allgather"],

@@ -52,9 +52,10 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     # --reuse-job: one horovodrun launch for the four cells (launches are the slow part on a busy
     # 2-core machine); the cells and the outputs are the same as with one job per network.
     # --hysteresis: a Flexible option that must reach the optimizers the job builds;
-    # --replicate: the baseline runs twice per cell (AG-Topk and AR-Topk again, interleaved)
+    # --replicate: the baseline runs twice per cell (AG-Topk and AR-Topk again, interleaved);
+    # --ab: a second Flexible with level_steps=1 (and the hysteresis of the first), interleaved
     proc = subprocess.run([sys.executable, GRID, "--quick", "--reuse-job", "--hysteresis", "0.07",
-                           "--replicate", "--out", str(out)], cwd=REPO,
+                           "--replicate", "--ab", "level_steps=1", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=225, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     for name in ("grid.json", "grid.md", "grid.png"):
@@ -75,13 +76,15 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     assert "'hysteresis': 0.07" in (out / "grid.md").read_text()
     for rec in data["records"]:
         assert rec["flex_hysteresis"] == 0.07, rec["flex_hysteresis"]
-        assert all(len(rec["timed"][m]) == 4 for m in ("ag", "ar", "flex", "ag2", "ar2")), rec
+        assert all(len(rec["timed"][m]) == 4
+                   for m in ("ag", "ar", "flex", "flexb", "ag2", "ar2")), rec
+        assert rec["flexb_held_switches"] == 0, rec  # level_steps=1 never holds
         for method, coll in (("ag", ("allgather",)), ("ar", ("allreduce",)), ("flex", PATHS),
-                             ("ag2", ("allgather",)), ("ar2", ("allreduce",))):
+                             ("flexb", PATHS), ("ag2", ("allgather",)), ("ar2", ("allreduce",))):
             for s in rec["warmup"][method] + rec["timed"][method]:
                 assert s["collective"] in coll, (method, s)
                 assert _positive(s["comm_ms"]) and _positive(s["wall_ms"]), (method, s)
-                if method == "flex":
+                if method.startswith("flex"):
                     assert all(_positive(v) for v in s["predicted_ms"].values()), s
     acc = data["acceptance"]
     assert acc["cells"] == len(expected)
@@ -89,8 +92,10 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     assert data["meta"]["replicate"] is True and acc["replicate_cells"] == len(expected)
     assert 0.0 <= acc["replicate_within_5pct_share"] <= 1.0
     assert all(_positive(c["replicate_ratio"]) for c in cells)
+    assert data["meta"]["ab_options"] == {"level_steps": 1} and acc["ab_cells"] == len(expected)
+    assert all(_positive(c["flexb_ms"]) and set(c["flexb_choices"]) <= set(PATHS) for c in cells)
     text = (out / "grid.md").read_text()
-    assert "Acceptance" in text and "(`--replicate`" in text
+    assert "Acceptance" in text and "(`--replicate`" in text and "(`--ab level_steps=1`" in text
 
 
 CHANGE = os.path.join(REPO, "benchmarks", "bench_flexible_change.py")
@@ -315,3 +320,32 @@ def test_route_counts_report_cells_on_both_paths_and_held_switches():
     assert old == {"both_paths_cells": 2}
     line = [x for x in grid.summary_lines({**_ACC, **old}) if "both paths" in x]
     assert len(line) == 1 and "held" not in line[0]
+
+
+def test_ab_shares_compare_the_second_flexible_with_the_first_in_the_same_cells():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_flexible_grid as grid
+
+    assert grid.parse_option("level_steps=1") == ("level_steps", 1)
+    assert grid.parse_option("hysteresis=0.05") == ("hysteresis", 0.05)
+    assert grid.parse_option("reprobe_by=probes") == ("reprobe_by", "probes")
+    for bad in ("level_steps", "=1"):
+        with pytest.raises(ValueError, match="OPTION=VALUE"):
+            grid.parse_option(bad)
+
+    def row(ag, ar, a, b, a_paths=1, b_paths=1):
+        paths = ({"allgather": 16}, {"allgather": 8, "allreduce": 8})
+        return {"ag_ms": ag, "ar_ms": ar, "flex_ms": a, "flexb_ms": b,
+                "choices": paths[a_paths - 1], "flexb_choices": paths[b_paths - 1]}
+
+    rows = [row(10, 20, 10, 10), row(10, 20, 11, 9.9, b_paths=2), row(10, 20, 10, 12, 2, 2),
+            {"ag_ms": 1, "ar_ms": 1, "flex_ms": 1, "choices": {"allgather": 16}}]
+    got = grid.ab_shares(rows)
+    assert got == {"ab_cells": 3, "ab_b_within_5pct_share": pytest.approx(2 / 3),
+                   "ab_a_within_5pct_share": pytest.approx(2 / 3),
+                   "ab_median_ratio": pytest.approx(1.0), "ab_b_faster_cells": 1,
+                   "ab_b_slower_cells": 1, "ab_b_both_paths_cells": 2, "ab_a_both_paths_cells": 1}
+    assert grid.ab_shares(rows[-1:]) == {"ab_cells": 0}
+    lines = [x for x in grid.summary_lines({**_ACC, **got, "ab_label": "level_steps=1"})
+             if "A/B" in x]
+    assert len(lines) == 1 and "`--ab level_steps=1`" in lines[0] and "67% of them" in lines[0]
