@@ -182,13 +182,16 @@ class Flexible(TopkCompression):
       steps measure real steps at other sizes).
     - ``level_steps``: once a warm step has replaced the probe's timing of the size in use, the
       route does not leave its path while that path's level there rests on fewer real steps than
-      this (the level of one or two steps is their mean, of three their median). 1: the first
-      warm step's timing can move the route. In the acceptance grid at 4e63a08 (N = 2) a slow
-      first warm step (9.4 ms where the allgather's steps took 3-4 ms) and a slow step after a
-      normal one (157.5 ms after 64.4 ms) each moved a cell to the slower path; at 38164bd the
-      hold delayed a move to the better path in four cells (one of them 1.09 instead of about
-      1.01). A hold costs at most ``level_steps - 1`` steps on the path in use per size.
-      Adaptive's levels keep its probes' timings, so it never holds.
+      this (the level of one or two steps is their mean, of three their median). 1 (the
+      default): the first warm step's timing can move the route. 3 was tried as the default
+      (38164bd): in the acceptance grid at 4e63a08 (N = 2) a slow first warm step (9.4 ms where
+      the allgather's steps took 3-4 ms) and a slow step after a normal one (157.5 ms after
+      64.4 ms) had each moved a cell to the slower path, but in the grid at 38164bd every hold
+      delayed a move to the better path (one cell 1.09 instead of about 1.01), and in an A/B
+      of the 27 N = 2 cells (``bench_flexible_grid.py --ab``, both interleaved in each cell)
+      the route without it was within 1.05 in 85% of them, with it in 81%: a hold also keeps a
+      wrong move for longer. A hold costs at most ``level_steps - 1`` steps on the path in use
+      per size. Adaptive's levels keep its probes' timings, so it never holds.
 
     Decisions are made on rank 0 from its calibrated model and delivered to every rank inside the
     step's own payload (no extra round trip); every rank switches at the same step. Only
@@ -205,7 +208,7 @@ class Flexible(TopkCompression):
     probe_repeats: int = 2
     explore_within: float = 2.0
     reprobe_by: str = "steps"
-    level_steps: int = 3
+    level_steps: int = 1
     collective = "flexible"
 
     def __post_init__(self) -> None:

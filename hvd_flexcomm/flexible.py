@@ -247,14 +247,15 @@ class FlexibleController:
 
     def level_unsettled(self, path: str, cr: float) -> bool:
         """Whether ``path``'s level at the k of ``cr`` rests on real steps (the probe's timings
-        there were replaced, :meth:`observe_step`; Flexible only) and on fewer than
-        ``mode.level_steps`` of them for some collective kind of the path."""
+        there were replaced, :meth:`observe_step`; Flexible only) and on at least one but fewer
+        than ``mode.level_steps`` of them for some collective kind of the path (never with the
+        default ``level_steps=1``)."""
         sizes = self.payload_bytes(k_for(cr, self.numel))
         sizes["allgather"] = 8 if path == "allreduce" else sizes["allgather"]  # VAR's gather
         for kind in self._path_kinds(path):
             nbytes = sizes[kind]
             if ((kind, nbytes) in self.stepped_sizes
-                    and self.model.fits[kind].n_samples_at(nbytes) < self.mode.level_steps):
+                    and 0 < self.model.fits[kind].n_samples_at(nbytes) < self.mode.level_steps):
                 return True
         return False
 

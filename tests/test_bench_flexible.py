@@ -53,9 +53,9 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     # 2-core machine); the cells and the outputs are the same as with one job per network.
     # --hysteresis: a Flexible option that must reach the optimizers the job builds;
     # --replicate: the baseline runs twice per cell (AG-Topk and AR-Topk again, interleaved);
-    # --ab: a second Flexible with level_steps=1 (and the hysteresis of the first), interleaved
+    # --ab: a second Flexible with level_steps=3 (and the hysteresis of the first), interleaved
     proc = subprocess.run([sys.executable, GRID, "--quick", "--reuse-job", "--hysteresis", "0.07",
-                           "--replicate", "--ab", "level_steps=1", "--out", str(out)], cwd=REPO,
+                           "--replicate", "--ab", "level_steps=3", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=225, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     for name in ("grid.json", "grid.md", "grid.png"):
@@ -78,7 +78,8 @@ def test_grid_quick_runs_end_to_end(tmp_path):
         assert rec["flex_hysteresis"] == 0.07, rec["flex_hysteresis"]
         assert all(len(rec["timed"][m]) == 4
                    for m in ("ag", "ar", "flex", "flexb", "ag2", "ar2")), rec
-        assert rec["flexb_held_switches"] == 0, rec  # level_steps=1 never holds
+        assert rec["flex_held_switches"] == 0, rec  # the default, level_steps=1, never holds
+        assert isinstance(rec["flexb_held_switches"], int), rec
         for method, coll in (("ag", ("allgather",)), ("ar", ("allreduce",)), ("flex", PATHS),
                              ("flexb", PATHS), ("ag2", ("allgather",)), ("ar2", ("allreduce",))):
             for s in rec["warmup"][method] + rec["timed"][method]:
@@ -92,10 +93,10 @@ def test_grid_quick_runs_end_to_end(tmp_path):
     assert data["meta"]["replicate"] is True and acc["replicate_cells"] == len(expected)
     assert 0.0 <= acc["replicate_within_5pct_share"] <= 1.0
     assert all(_positive(c["replicate_ratio"]) for c in cells)
-    assert data["meta"]["ab_options"] == {"level_steps": 1} and acc["ab_cells"] == len(expected)
+    assert data["meta"]["ab_options"] == {"level_steps": 3} and acc["ab_cells"] == len(expected)
     assert all(_positive(c["flexb_ms"]) and set(c["flexb_choices"]) <= set(PATHS) for c in cells)
     text = (out / "grid.md").read_text()
-    assert "Acceptance" in text and "(`--replicate`" in text and "(`--ab level_steps=1`" in text
+    assert "Acceptance" in text and "(`--replicate`" in text and "(`--ab level_steps=3`" in text
 
 
 CHANGE = os.path.join(REPO, "benchmarks", "bench_flexible_change.py")

@@ -864,15 +864,19 @@ def _route_steps(ctrl, steps, warm_ms, cr=0.01, cold_factor=4.0):
     return paths, flags
 
 
-@pytest.mark.parametrize("probe_factor, explores", [(1.5, True), (3.0, False)])
-def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, explores):
+@pytest.mark.parametrize("probe_factor, explores, level_steps", [
+    (1.5, True, 1), (3.0, False, 1), (1.5, True, 3)])
+def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, explores,
+                                                                 level_steps):
     """The start-up probe times AR-Topk ``probe_factor`` times slower than its steps run (the
     grid's probes over-predicted it by 23% in the median cell, up to 2.3x). Within
     ``explore_within`` (2) of the chosen allgather, the allreduce runs for a cold and a warm
     step once the allgather has run a warm one; each path's warm step replaces the probe's
     timings at that size, and the route moves to the allreduce, which is faster; beyond it, the
-    route never looks."""
-    ctrl = FlexibleController(Flexible(cr=0.01, reprobe_interval=0), world_size=4, numel=NUMEL)
+    route never looks. With ``level_steps=3`` the move waits until three allgather steps are
+    in."""
+    mode = Flexible(cr=0.01, reprobe_interval=0, level_steps=level_steps)
+    ctrl = FlexibleController(mode, world_size=4, numel=NUMEL)
     ar_true = 0.75e-6  # ms per byte of the allreduce path's steps; the allgather: 1e-6
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=probe_factor * ar_true,
            fixed_ms=0.0)
@@ -890,16 +894,19 @@ def test_exploring_measures_the_path_not_chosen_with_real_steps(probe_factor, ex
         return
     # steps 0-1 run the route's choice (cold, then warm), steps 2-3 explore (cold, then warm);
     # step 4 is decided before the warm exploring step's timings arrive, step 5 after: the
-    # router then compares two real steps, but the allgather's level rests on one warm step
-    # (step 1), at step 6 on two (steps 1, 4): it holds (level_steps); at step 7, with
-    # three, the route moves to the allreduce
-    assert paths[:7] == ["allgather", "allgather", "allreduce", "allreduce"] + ["allgather"] * 3
-    assert exploring[:7] == [False, False, True, True, False, False, False]
-    assert ctrl.n_held_switches == 2
-    # the switch at step 7 leaves the allgather: RECHECK_AFTER_STEPS later it runs one warm
-    # step (still slower), and the route stays
-    assert paths[7:] == ["allreduce"] * 5 + ["allgather", "allreduce"], paths
-    assert exploring[7:] == [False] * 5 + [True, False]
+    # router then compares two real steps and moves to the allreduce -- or, with level_steps=3,
+    # holds while the allgather's level rests on one warm step (step 1), at step 6 on two
+    # (steps 1, 4), and moves at step 7, with three
+    switch = 5 if level_steps == 1 else 7
+    assert paths[:switch] == ["allgather", "allgather", "allreduce", "allreduce"] + [
+        "allgather"] * (switch - 4)
+    assert exploring[:switch] == [False, False, True, True] + [False] * (switch - 4)
+    assert ctrl.n_held_switches == (0 if level_steps == 1 else 2)
+    # the switch leaves the allgather: RECHECK_AFTER_STEPS later it runs one warm step (still
+    # slower), and the route stays
+    after = ["allreduce"] * 5 + ["allgather"] + ["allreduce"] * (14 - switch - 6)
+    assert paths[switch:] == after, paths
+    assert exploring[switch:] == [False] * 5 + [True] + [False] * (14 - switch - 6)
     assert ctrl.n_explorations == 1 and ctrl.router.current == "allreduce"
     assert ctrl.n_recheck_steps == 1 and ctrl.recheck_step is None
     assert ctrl.predicted_ms["allreduce"] == pytest.approx(sum(warm_ms("allreduce")))
@@ -950,12 +957,13 @@ def test_one_slow_step_among_the_first_three_does_not_move_the_route(slow_steps,
 
 def test_levels_of_probes_or_of_candidate_crs_never_hold_the_route():
     """Before a warm step has replaced the probe's timings at the size in use, and under
-    Adaptive (whose sizes are never marked as stepped), the route follows the predictions."""
-    ctrl = FlexibleController(Flexible(cr=0.01), world_size=2, numel=NUMEL)
+    Adaptive (whose sizes are never marked as stepped, whatever its ``level_steps``), the route
+    follows the predictions."""
+    ctrl = FlexibleController(Flexible(cr=0.01, level_steps=3), world_size=2, numel=NUMEL)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
     assert ctrl.decide(0, 0.01) == "allgather"
     assert not ctrl.level_unsettled("allgather", 0.01)
-    adaptive = FlexibleController(Adaptive(), world_size=2, numel=NUMEL)
+    adaptive = FlexibleController(Adaptive(level_steps=3), world_size=2, numel=NUMEL)
     adaptive.probe_crs = (0.1, 0.001)
     _probe(adaptive, 0, 0.1, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=1.0)
     assert adaptive.decide(0, 0.1) == "allgather"
