@@ -189,7 +189,8 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         # min(AG, AR): Flexible's criterion with a router that always ran the better path
         # --ab: a second Flexible with some options changed, interleaved in the same cell: its
         # ratio to min(AG, AR), and to the first Flexible's time (B / A)
-        **({"flexb_ms": _median([s[key] for s in timed["flexb"]]),
+        **({"flexb_ms": (flb := _median([s[key] for s in timed["flexb"]])),
+            "flexb_ok": flb <= TARGET_RATIO * best_ms,
             "flexb_choices": dict(Counter(s["collective"] for s in timed["flexb"])),
             "flexb_held_switches": rec.get("flexb_held_switches")} if "flexb" in timed else {}),
         "replicate_ratio": (min(_median([s[key] for s in timed["ag2"]]),
@@ -225,8 +226,8 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "wall_ag_ms": wall["ag"], "wall_ar_ms": wall["ar"], "wall_flex_ms": wall["flex"],
         "wall_ratio": wall["flex"] / min(wall["ag"], wall["ar"]),
         "flex_switches": rec.get("flex_switches"), "flex_full_probes": rec.get("flex_full_probes"),
-        # decisions where the route held a path whose level rested on fewer than three real
-        # steps (Flexible.level_steps; recorded since 38164bd, None before)
+        # decisions where the route held a path whose level rested on fewer real steps than
+        # Flexible.level_steps (recorded since 38164bd, None before)
         "flex_held_switches": rec.get("flex_held_switches"),
         "cell_s": rec.get("cell_s"),
     }
@@ -294,16 +295,10 @@ def ab_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ab = [r for r in rows if r.get("flexb_ms") is not None]
     if not ab:
         return {"ab_cells": 0}
-
-    def best(r: dict[str, Any]) -> float:
-        return min(r["ag_ms"], r["ar_ms"])
-
     ratios = [r["flexb_ms"] / r["flex_ms"] for r in ab]
     return {"ab_cells": len(ab),
-            "ab_b_within_5pct_share": sum(r["flexb_ms"] <= TARGET_RATIO * best(r) for r in ab)
-            / len(ab),
-            "ab_a_within_5pct_share": sum(r["flex_ms"] <= TARGET_RATIO * best(r) for r in ab)
-            / len(ab),
+            "ab_b_within_5pct_share": sum(r["flexb_ok"] for r in ab) / len(ab),
+            "ab_a_within_5pct_share": sum(r["flex_ok"] for r in ab) / len(ab),
             "ab_median_ratio": _median(ratios),
             "ab_b_faster_cells": sum(x < 1 / TARGET_RATIO for x in ratios),
             "ab_b_slower_cells": sum(x > TARGET_RATIO for x in ratios),
@@ -314,7 +309,8 @@ def ab_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def route_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Cells whose timed Flexible steps ran both paths (``both_paths_cells``), and, where the
     records have them (runs since 38164bd), the decisions where the route held a path whose level
-    rested on fewer than three real steps: their total and the cells with any."""
+    rested on fewer real steps than ``Flexible.level_steps``: their total and the cells with
+    any."""
     out: dict[str, Any] = {"both_paths_cells": sum(1 for r in rows if len(r["choices"]) > 1)}
     held = [r["flex_held_switches"] for r in rows if r.get("flex_held_switches") is not None]
     if held:
@@ -443,8 +439,8 @@ def summary_lines(acc: dict[str, Any]) -> list[str]:
         out.append(
             f"- Flexible's timed steps ran both paths in {acc['both_paths_cells']} of "
             f"{acc['cells']} cells (exploring and rechecking steps included)"
-            + (f"; the route held a path whose level rested on fewer than three real steps, "
-               f"where it would have switched, {acc['held_switches']} times in "
+            + (f"; the route held a path whose level rested on fewer real steps than its "
+               f"level_steps, where it would have switched, {acc['held_switches']} times in "
                f"{acc['held_switch_cells']} cells" if "held_switches" in acc else ""))
     if acc.get("ab_cells"):
         out.append(

@@ -64,6 +64,10 @@ SPAN_SETTLE_STEPS = 10
 #: 0.52x its prediction.)
 SPAN_FAR_BELOW = 2.5
 
+#: Bytes per rank of VAR's allgather of squared norms (one float64): AR-Topk's third collective
+#: under ``selector="var"``, timed into the allgather fit at this size.
+VAR_GATHER_BYTES = 8
+
 #: Payload overheads that ride with the data (bytes), see ``sync.py``: AG packs 4 + CONTROL_SLOTS
 #: float64 per rank; AR appends ``ar_extra_entries(size)`` values to the k values it allreduces.
 AG_EXTRA_BYTES = 8 * (4 + CONTROL_SLOTS)
@@ -231,7 +235,7 @@ class FlexibleController:
         ar = self.model.predict_ms("broadcast", sizes["broadcast"]) + self.model.predict_ms(
             "allreduce", sizes["allreduce"])
         if self.mode.selector == "var":
-            ar += self.model.predict_ms("allgather", 8)
+            ar += self.model.predict_ms("allgather", VAR_GATHER_BYTES)
         return {"allgather": ag, "allreduce": ar}
 
     def _explore_steps(self, path: str, k: int) -> int:
@@ -249,9 +253,12 @@ class FlexibleController:
         """Whether ``path``'s level at the k of ``cr`` rests on real steps (the probe's timings
         there were replaced, :meth:`observe_step`; Flexible only) and on at least one but fewer
         than ``mode.level_steps`` of them for some collective kind of the path (never with the
-        default ``level_steps=1``)."""
+        default ``level_steps=1``, which returns at once: this runs at every decision)."""
+        if self.mode.level_steps <= 1:
+            return False
         sizes = self.payload_bytes(k_for(cr, self.numel))
-        sizes["allgather"] = 8 if path == "allreduce" else sizes["allgather"]  # VAR's gather
+        if path == "allreduce":
+            sizes["allgather"] = VAR_GATHER_BYTES
         for kind in self._path_kinds(path):
             nbytes = sizes[kind]
             if ((kind, nbytes) in self.stepped_sizes
@@ -306,13 +313,13 @@ class FlexibleController:
             repeats = [1 if not self.probe_crs and kk == max(ks) and len(ks) > 1
                        else self.mode.probe_repeats for _, kk in entries]
             if self.mode.selector == "var":
-                plan.append(("allgather", 8))
+                plan.append(("allgather", VAR_GATHER_BYTES))
                 repeats.append(self.mode.probe_repeats)
             return plan, repeats, "full"
         if self.drift_probe_due:
             plan = self._unused_path_plan(k)
             if self.mode.selector == "var" and self.path == "allgather":
-                plan.append(("allgather", 8))  # VAR's norm allgather rides on the AG fit
+                plan.append(("allgather", VAR_GATHER_BYTES))  # VAR's norm allgather rides on the AG fit
             return plan, self.mode.probe_repeats, "drift"
         interval = self.mode.reprobe_interval
         if (interval and self.path and not self.reprobes_by_steps
@@ -795,7 +802,7 @@ class FlexibleController:
         else:
             samples = [("broadcast", sizes["broadcast"], t1), ("allreduce", sizes["allreduce"], t2)]
             if t_var > 0:
-                samples.append(("allgather", 8, t_var))
+                samples.append(("allgather", VAR_GATHER_BYTES, t_var))
         measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
         if role in ("span", "cold"):
