@@ -50,7 +50,10 @@ first 50 steps, in blocks of 10), ``adaptive:W`` (the same with a warm-up of W s
 ``adaptive-step[:W]`` and ``adaptive-front[:W]`` (the same with ``time_scale="step"`` or
 ``"front"``: an ASF pick, with the time objective normalised by the dearest step or, as the
 paper, by the front's span, instead of the default ``"tta"``, the pick that minimises
-``step_time^0.6 · (1/gain)^0.4``), ``adaptive-tta[:W]`` (``"tta"`` named explicitly). Default:
+``step_time^0.6 · (1/gain)^0.4``), ``adaptive-tta[:W]`` (``"tta"`` named explicitly). Any
+Adaptive variant may end in ``,OPTION=VALUE`` items, ``Adaptive``'s options (e.g.
+``adaptive:0,span_settle_steps=4``), to run a second Adaptive beside the first; the seed summary
+then compares each Adaptive with every other method, the other Adaptive included. Default:
 Dense, AG-Topk 0.1 / 0.01, AR-Topk 0.1 / 0.01, Flexible 0.01, Adaptive.
 
 Targets (reported, not asserted): Adaptive reaches the target in less training time than every
@@ -105,6 +108,7 @@ from benchmarks.jobctl import (  # noqa: E402
     follow_job,
     link_of,
     network,
+    parse_option,
     parse_rate,
     read_records,
     start_in_emulator,
@@ -137,8 +141,14 @@ ADAPTIVE_VARIANTS = {
 
 def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
     """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` /
-    ``adaptive-step[:W]`` / ``adaptive-front[:W]`` / ``adaptive-tta[:W]`` -> a plan entry."""
-    kind, _, arg = text.lower().partition(":")
+    ``adaptive-step[:W]`` / ``adaptive-front[:W]`` / ``adaptive-tta[:W]`` -> a plan entry. An
+    Adaptive variant may end in ``,OPTION=VALUE`` items (``Adaptive``'s options, e.g.
+    ``adaptive:0,span_settle_steps=4``): a second Adaptive beside the first in the same run,
+    named after them. A ValueError names a bad method or option."""
+    head, *extra = text.split(",")
+    kind, _, arg = head.lower().partition(":")
+    if extra and kind not in ADAPTIVE_VARIANTS:
+        raise ValueError(f"bad method {text!r}: ',OPTION=VALUE' items apply to Adaptive only")
     if kind == "dense":
         return {"name": "Dense", "kind": "dense", "cr": 1.0}
     if kind in ADAPTIVE_VARIANTS:  # ":W": a warm-up of W steps instead of the default
@@ -146,8 +156,17 @@ def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
         if arg:
             warmup_steps = int(arg)
             name = f"{name} (warm-up {warmup_steps})"
-        return {"name": name, "kind": "adaptive", "cr": None,
-                "options": {"warmup_steps": warmup_steps, **options}}
+        chosen = dict(parse_option(item) for item in extra)
+        if chosen:
+            name = f"{name} ({', '.join(f'{k}={v}' for k, v in chosen.items())})"
+        options = {"warmup_steps": warmup_steps, **options, **chosen}
+        from hvd_flexcomm import Adaptive
+
+        try:  # refused here, before any job starts, rather than on every rank
+            Adaptive(**options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bad method {text!r}: {exc}") from exc
+        return {"name": name, "kind": "adaptive", "cr": None, "options": options}
     if kind not in ("ag", "ar", "flexible") or not arg:
         raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR or one of "
                          f"{', '.join(ADAPTIVE_VARIANTS)}")
@@ -916,6 +935,7 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": [res["settings"]["seed"] for res in results], "methods": methods}
     for ada in (m for m in methods if m["kind"] == "adaptive"):
         others = [m for m in methods if m["kind"] != "adaptive"]
+        paired_with = [m for m in methods if m is not ada]  # another Adaptive too (an A/B)
         first = _median_verdict(ada, others, "tta_s", "median_tta_s")
         smooth = _median_verdict(ada, others, "smoothed_tta_s", "median_smoothed_tta_s")
         out.setdefault("adaptive", {})[ada["name"]] = {
@@ -929,7 +949,7 @@ def seed_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             "seeds_faster_than_all": first["seeds_faster"],
             "within_1pt_every_seed": _within_1pt(ada["delta_vs_dense_pts"]),
             "within_1pt_every_seed_last_evals": _within_1pt(ada["delta_last_evals_vs_dense_pts"]),
-            "paired": {ruler: {m["name"]: paired_against(ada, m, ruler) for m in others}
+            "paired": {ruler: {m["name"]: paired_against(ada, m, ruler) for m in paired_with}
                        for ruler in ("tta_s", "smoothed_tta_s")},
         }
     return out
@@ -984,6 +1004,7 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
         for m in summary["methods"]:
             lines.append(f"| {m['name']} | "
                          f"{_seed_cells(m['smoothed_tta_s'], m['ran'], m['median_smoothed_tta_s'])} |")
+    others_note = " (Adaptive variants aside)" if len(summary.get("adaptive", {})) > 1 else ""
     for name, a in summary.get("adaptive", {}).items():
         ratio = a["median_ratio_vs_best_other"]
         lines += ["", f"{name} (reported, not asserted):",
@@ -991,7 +1012,8 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
                   + _fmt_met(a["median_faster_than_all"])
                   + ("" if ratio is None else f" (ratio to the best other, {a['best_other']}: "
                                               f"{ratio:.2f})"),
-                  f"- fastest of all methods in {a['seeds_faster_than_all']}/{len(seeds)} seeds",
+                  f"- fastest of all methods{others_note} in {a['seeds_faster_than_all']}/{len(seeds)} "
+                  "seeds",
                   "- on the smoothed target: median below every other method's "
                   + _fmt_met(a.get("median_smoothed_faster_than_all"))
                   + ("" if a.get("median_smoothed_ratio_vs_best_other") is None else
@@ -1222,8 +1244,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     warmup = args.warmup_steps if args.warmup_steps is not None else (
         QUICK_WARMUP if quick else DEFAULT_WARMUP)
     eval_every = args.eval_every or (10 if quick else 20)
-    methods = [parse_method(m, warmup) for m in (args.methods or (QUICK_METHODS if quick
-                                                                   else DEFAULT_METHODS))]
+    try:
+        methods = [parse_method(m, warmup) for m in (args.methods or (QUICK_METHODS if quick
+                                                                       else DEFAULT_METHODS))]
+    except ValueError as exc:
+        ap.error(str(exc))
+    names = [m["name"] for m in methods]
+    if len(set(names)) < len(names):
+        ap.error(f"a method is named twice: {', '.join(sorted({x for x in names if names.count(x) > 1}))}")
     if methods[0]["kind"] != "dense":
         ap.error("the first method must be dense (it sets the target)")
     if args.dense_steps:

@@ -550,18 +550,6 @@ def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any])
 # -- main ------------------------------------------------------------------------------------------
 
 
-def parse_option(text: str) -> tuple[str, Any]:
-    """``OPTION=VALUE`` of ``--ab``: the value read as JSON (numbers, true/false), else as a
-    string. Pure function; a ValueError names the text without ``=``."""
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise ValueError(f"expected OPTION=VALUE, got {text!r}")
-    try:
-        return name, json.loads(value)
-    except json.JSONDecodeError:
-        return name, value
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
@@ -578,7 +566,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, help="timed steps per method and cell")
     ap.add_argument("--hysteresis", type=float,
                     help="Flexible's hysteresis (fraction; default: the package's)")
-    ap.add_argument("--ab", nargs="+", metavar="OPTION=VALUE", type=parse_option,
+    ap.add_argument("--ab", nargs="+", metavar="OPTION=VALUE", type=drv.parse_option,
                     help="A/B: run a second Flexible per cell with these options changed (e.g. "
                          "level_steps=1), interleaved with the others")
     ap.add_argument("--replicate", action="store_true",

@@ -18,11 +18,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.jobctl import (  # noqa: E402, F401 - network, parse_rate: for the drivers
+from benchmarks.jobctl import (  # noqa: E402, F401 - network, parse_option, parse_rate: for the drivers
     control_dir,
     follow_job,
     link_of,
     network,
+    parse_option,
     parse_rate,
     read_records,
     start_in_emulator,

@@ -107,6 +107,19 @@ def parse_rate(text: str) -> Optional[float]:
     return rate
 
 
+def parse_option(text: str) -> tuple[str, Any]:
+    """``OPTION=VALUE`` from the command line (a compression mode's option): the value read as
+    JSON (numbers, true/false), else as a string. Pure function; a ValueError names the text
+    without ``=``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"expected OPTION=VALUE, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def network(delay_ms: float, rate_mbit: Optional[float]) -> dict[str, Any]:
     """A network as plans and records carry it (JSON): one-way delay (ms), rate (Mbit/s; None =
     unlimited) and a label."""

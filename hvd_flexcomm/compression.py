@@ -370,8 +370,8 @@ class Adaptive(Flexible):
       waits. The error feedback keeps what a span step at ``c_low`` does not send. With span
       steps, drift runs Flexible's drift probe (the path not in use at the k in use; the path in
       use re-anchored on its recent steps) instead of a full probe over every candidate's size
-      (13.2 s at 25 ms one way in one run), and a span follows 10 steps later
-      (``flexible.SPAN_SETTLE_STEPS``), then one on the other sparse path (the drift probe timed
+      (13.2 s at 25 ms one way in one run), and a span follows ``span_settle_steps`` steps
+      later, then one on the other sparse path (the drift probe timed
       it at the k in use only, so its slope was the old network's); these two spans run outside
       the budget and each recalibrates whatever it measures. From the drift (a probe due) until
       both are judged, no re-optimisation starts, whatever its trigger: until then the model
@@ -379,6 +379,13 @@ class Adaptive(Flexible):
       that size leans on the old network's slope (``FlexibleController.recalibrating``); then
       one re-optimisation reads both new slopes. ``span_steps=0`` turns span steps off (drift
       then runs a full probe).
+    - ``span_settle_steps``: the steps from a drift probe to the first span after it (the TCP
+      flows meet the new link for a few steps first; the fixed-CR runs of
+      ``docs/performance/adaptive_regimes.md`` were steady from about 10 steps after a change
+      on). With the drift detector's ``drift_patience`` steps before the probe, the spans' own
+      steps and the announcement, the CR for a changed network is in force this many steps
+      plus about 17 after the change (26-28 steps with 10 in the reverse change runs at 8493a5b
+      and 569beee).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12 (each broadcast followed by the allreduce of its k, no barrier op; see
       ``probing.py``), and a Horovod op costs several round trips before any data moves (the
@@ -407,6 +414,7 @@ class Adaptive(Flexible):
     count_compression: bool = True
     span_steps: int = 3
     span_every: int = 50
+    span_settle_steps: int = 10
     probe_repeats: int = 1
     reprobe_by: str = "probes"
 
@@ -434,7 +442,7 @@ class Adaptive(Flexible):
         object.__setattr__(self, "weights", (float(w[0]), float(w[1])))
         _check_ints(self, ("gain_every", "sync_every", "pop_size", "n_gen"), minimum=1)
         _check_ints(self, ("warmup_steps", "min_interval", "span_steps"), minimum=0)
-        _check_ints(self, ("span_every",), minimum=1)
+        _check_ints(self, ("span_every", "span_settle_steps"), minimum=1)
         _check_fraction("gain_threshold", self.gain_threshold, allow_zero=False)
         _check_fraction("min_cr_change", self.min_cr_change, allow_zero=True)
         _check_fraction("min_tta_gain", self.min_tta_gain, allow_zero=True)

@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Optional, Union
 
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
-from .compression import Flexible
+from .compression import Adaptive, Flexible
 from .probing import BARRIER_BYTES, barriers_needed
 from .routing import PATHS, Router, choose_path
 from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
@@ -48,10 +48,9 @@ _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
 #: would not pin the slope (calibration.MIN_SLOPE_SPAN is 2).
 SPAN_MIN_RATIO = 4.0
 
-#: Under span steps, a drift probe is followed by a span this many steps later (the TCP flows
-#: meet the new link for a few steps; the fixed-CR runs of docs/performance/adaptive_regimes.md
-#: were steady from about 10 steps after a change on).
-SPAN_SETTLE_STEPS = 10
+#: Under span steps, a drift probe is followed by a span this many steps later by default
+#: (``Adaptive.span_settle_steps``, which says why).
+SPAN_SETTLE_STEPS = Adaptive.span_settle_steps
 
 #: A routine span whose every timed step took less than 1/this of the prediction at its CR
 #: recalibrates at once, without waiting for a second span off on the same side. Stalls (a TCP
@@ -409,8 +408,8 @@ class FlexibleController:
             self.n_drift_probes += 1
         # after drift under span steps, the slopes of the new network come from two spans once
         # the link settled; a full probe measured them itself
-        self.span_soon_step = (step + SPAN_SETTLE_STEPS if kind == "drift" and self.spans_on
-                               else None)
+        self.span_soon_step = (step + int(self.mode.span_settle_steps)
+                               if kind == "drift" and self.spans_on else None)
         self.span_other_due = kind == "drift" and self.spans_on
         self.span_second_path = None
         self.drift_probe_due = False

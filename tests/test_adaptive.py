@@ -519,6 +519,8 @@ def test_solver_failures_are_contained(caplog):
     ({"other_ms_threshold": 1.5}, "other_ms_threshold.*1.5"),
     ({"count_compression": "yes"}, "count_compression.*'yes'"),
     ({"span_steps": -1}, "span_steps.*-1"), ({"span_every": 0}, "span_every.*0"),
+    ({"span_settle_steps": 0}, "span_settle_steps.*0"),
+    ({"span_settle_steps": 2.5}, "span_settle_steps.*2.5"),
 ])
 def test_adaptive_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):

@@ -112,6 +112,30 @@ def test_seed_summary_takes_medians_with_misses_counted_slowest():
     assert "| Adaptive | 40.0 | - | 45.0 | 45.0 | 2/3 |" in md
 
 
+def test_seed_summary_of_two_adaptives_pairs_each_with_the_other():
+    """An A/B (``adaptive`` and ``adaptive,OPTION=VALUE``): each Adaptive is judged against the
+    fixed methods and Dense, and paired seed by seed with the other Adaptive as well."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    b = "Adaptive (span_settle_steps=4)"
+    results = [_seed_result(s, {"Dense": ("dense", 90.0, 0.0), "AG-Topk 0.01": ("ag", ag, 1.0),
+                                "Adaptive": ("adaptive", a, 0.5), b: ("adaptive", x, 0.5)})
+               for s, ag, a, x in [(1, 50.0, 40.0, 36.0), (2, 60.0, 70.0, 63.0),
+                                   (3, 44.0, 45.0, 50.0)]]
+    summary = bench.seed_summary(results)
+    first, second = summary["adaptive"]["Adaptive"], summary["adaptive"][b]
+    assert first["seeds_faster_than_all"] == 1 and second["seeds_faster_than_all"] == 1
+    assert first["best_other"] == "AG-Topk 0.01"  # not the other Adaptive
+    versus = second["paired"]["tta_s"]["Adaptive"]
+    assert (versus["faster"], versus["slower"]) == (2, 1)
+    assert versus["median_ratio"] == pytest.approx(0.9)  # 36/40, 63/70, 50/45
+    assert first["paired"]["tta_s"][b]["slower"] == 2
+    md = bench.seeds_markdown(summary, results)
+    assert "fastest of all methods (Adaptive variants aside) in 1/3 seeds" in md
+    assert "  - Adaptive: first crossing: faster in 2/3, ratio 0.90" in md
+
+
 def test_seed_summary_lists_a_method_whose_job_failed_in_the_first_seed():
     """A method with no row in a seed (its job failed) is still listed, shown as ``failed`` there,
     and left out of that seed's comparison and of its median."""
@@ -348,6 +372,16 @@ def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
     assert parse_method("ag:0.01", 50) == {"name": "AG-Topk 0.01", "kind": "ag", "cr": 0.01}
     for bad in ("adaptive-slow", "ag", "ag:2"):
         with pytest.raises(ValueError, match=bad):
+            parse_method(bad, 50)
+    # an Adaptive beside the first, with options of its own (checked before any job starts)
+    ab = parse_method("adaptive:0,span_settle_steps=4,time_scale=step", 50)
+    assert ab["options"] == {"warmup_steps": 0, "span_settle_steps": 4, "time_scale": "step"}
+    assert ab["name"] == "Adaptive (warm-up 0) (span_settle_steps=4, time_scale=step)"
+    for bad, needle in (("adaptive,span_settle_steps=0", "span_settle_steps must be"),
+                        ("adaptive,no_such_option=1", "no_such_option"),
+                        ("adaptive,span_settle_steps", "OPTION=VALUE"),
+                        ("ag:0.01,span_settle_steps=4", "Adaptive only")):
+        with pytest.raises(ValueError, match=needle):
             parse_method(bad, 50)
 
 

@@ -327,12 +327,14 @@ def test_ab_shares_compare_the_second_flexible_with_the_first_in_the_same_cells(
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import bench_flexible_grid as grid
 
-    assert grid.parse_option("level_steps=1") == ("level_steps", 1)
-    assert grid.parse_option("hysteresis=0.05") == ("hysteresis", 0.05)
-    assert grid.parse_option("reprobe_by=probes") == ("reprobe_by", "probes")
+    from benchmarks.jobctl import parse_option
+
+    assert parse_option("level_steps=1") == ("level_steps", 1)
+    assert parse_option("hysteresis=0.05") == ("hysteresis", 0.05)
+    assert parse_option("reprobe_by=probes") == ("reprobe_by", "probes")
     for bad in ("level_steps", "=1"):
         with pytest.raises(ValueError, match="OPTION=VALUE"):
-            grid.parse_option(bad)
+            parse_option(bad)
 
     def row(ag, ar, a, b, a_paths=1, b_paths=1):
         paths = ({"allgather": 16}, {"allgather": 8, "allreduce": 8})

@@ -508,6 +508,21 @@ def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates
     assert ctrl.span_second_path is None and not ctrl.span_open and not ctrl.recalibrating
 
 
+@pytest.mark.parametrize("settle", [1, 4])
+def test_the_span_after_a_drift_probe_waits_span_settle_steps(settle):
+    """``Adaptive(span_settle_steps=...)`` sets the wait from a drift probe to its first span
+    (the default, 10, is the test above): steps at the CR in use until then, then the span."""
+    ctrl = _span_ctrl(span_steps=2, span_every=50, span_settle_steps=settle)
+    for _ in range(3):  # the allgather suddenly costs 10x at the size in use
+        ctrl.observe_step(_ag_control(10 * ctrl.predict(0.01)["allgather"]), 0.01)
+    _probe(ctrl, 4, 0.01, ag_ms_per_byte=1e-5, ar_ms_per_byte=1e-2)
+    ctrl.decide(4, 0.01)
+    assert ctrl.span_soon_step == 4 + settle
+    assert all(ctrl.step_cr(s, 0.01) == (0.01, None) for s in range(5, 4 + settle))
+    assert ctrl.step_cr(4 + settle, 0.01) == (0.001, "cold")
+    assert ctrl.step_cr(5 + settle, 0.01) == (0.001, "span")
+
+
 def test_after_drift_with_no_span_in_reach_the_drift_probe_model_stands():
     """Candidates too close to the CR in use for a span (every end within SPAN_MIN_RATIO): the
     spans after drift cannot run, so once they fall due the model counts as re-measured
