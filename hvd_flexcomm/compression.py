@@ -380,12 +380,16 @@ class Adaptive(Flexible):
       one re-optimisation reads both new slopes. ``span_steps=0`` turns span steps off (drift
       then runs a full probe).
     - ``span_settle_steps``: the steps from a drift probe to the first span after it (the TCP
-      flows meet the new link for a few steps first; the fixed-CR runs of
-      ``docs/performance/adaptive_regimes.md`` were steady from about 10 steps after a change
-      on). With the drift detector's ``drift_patience`` steps before the probe, the spans' own
-      steps and the announcement, the CR for a changed network is in force this many steps
-      plus about 17 after the change (26-28 steps with 10 in the reverse change runs at 8493a5b
-      and 569beee).
+      flows meet the new link for a few steps first). With the drift detector's
+      ``drift_patience`` steps before the probe, the spans' own steps and the announcement, the
+      CR for a changed network is in force this many steps plus about 18 after the change. The
+      default was 10 until the A/B in ``docs/performance/adaptive_span_settle.md`` (N=4, both
+      network changes of ``benchmarks/bench_adaptive.py``, three seeds each, 10 and 4 in the
+      same run): with 4 the CR for the new link was in force 22 steps after the change in all
+      six pairs instead of 28-31, 1.1-5.7 s of training sooner; the re-solve's predicted times
+      lay within 13% of those of the run with 10 at every candidate, and its pick was the same
+      end of the range after the change to the slower link (``c_high``) and 0.0115-0.015
+      against 0.013-0.016 after the change to the faster one.
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12 (each broadcast followed by the allreduce of its k, no barrier op; see
       ``probing.py``), and a Horovod op costs several round trips before any data moves (the
@@ -414,7 +418,7 @@ class Adaptive(Flexible):
     count_compression: bool = True
     span_steps: int = 3
     span_every: int = 50
-    span_settle_steps: int = 10
+    span_settle_steps: int = 4
     probe_repeats: int = 1
     reprobe_by: str = "probes"
 
