@@ -18,6 +18,7 @@ every entry and is carried out as a dense allreduce, so it reproduces ``Dense()`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -237,6 +238,16 @@ class Flexible(TopkCompression):
     def describe(self) -> str:
         return (f"Flexible(cr={self.cr:g}, selector={self.selector!r}, "
                 f"hysteresis={self.hysteresis:g})")
+
+
+def settings_of(mode: Any) -> dict[str, str]:
+    """Every setting of a compression mode (a dataclass), field name -> ``repr`` of its value.
+
+    ``describe()`` names only the main settings (for logs); the optimizer's first-step check
+    compares this on every rank, so that ranks built with different options of any kind (e.g.
+    Adaptive's ``sync_every``, which sets the steps at which every rank takes part in an
+    announcement) fail at once with the option named, instead of hanging or diverging later."""
+    return {f.name: repr(getattr(mode, f.name)) for f in dataclasses.fields(mode)}
 
 
 def _check_ints(settings: Any, names: tuple, minimum: int) -> None:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ._horovod import require_horovod
-from .compression import Adaptive, Dense, Flexible, TopkCompression
+from .compression import Adaptive, Dense, Flexible, TopkCompression, settings_of
 from .control import allgather_object
 from .messages import GradMessage, build_messages
 from .sync import (
@@ -157,6 +157,7 @@ class _FlexMethods(torch.optim.Optimizer):
         digest = hashlib.sha1("\n".join(map(str, names)).encode()).hexdigest()[:16]
         return {
             "compression": self._flex_mode.describe(),
+            "compression settings": settings_of(self._flex_mode),
             "op": str(self.op),
             "backward_passes_per_step": self.backward_passes_per_step,
             "parameters": f"{len(names)} names, sha1 {digest}",
@@ -174,6 +175,15 @@ class _FlexMethods(torch.optim.Optimizer):
         reference = everyone[0]
         for rank, theirs in enumerate(everyone):
             for key in reference:
+                if key == "compression settings" and theirs.get(key) != reference.get(key):
+                    ours, others = reference[key], theirs.get(key) or {}
+                    names = [n for n in {**ours, **others} if ours.get(n) != others.get(n)]
+                    raise ValueError(
+                        "hvd_flexcomm: ranks disagree on compression settings: " + "; ".join(
+                            f"{n}: rank 0 has {ours.get(n)}, rank {rank} has {others.get(n)}"
+                            for n in names)
+                        + ". Every rank must pass the same compression settings."
+                    )
                 if theirs.get(key) != reference.get(key):
                     raise ValueError(
                         f"hvd_flexcomm: ranks disagree on {key}: rank 0 has "

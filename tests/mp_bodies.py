@@ -213,7 +213,8 @@ def cr_one_equals_horovod(steps: int = 5) -> dict:
 
 
 def disagreeing_config(what: str) -> str:
-    """Ranks differ in cr / compressor / parameter names: every rank must raise ValueError."""
+    """Ranks differ in cr / compressor / selector / an Adaptive option / parameter names: every
+    rank must raise ValueError."""
     import horovod.torch as hvd
 
     rank = hvd.rank()
@@ -228,6 +229,8 @@ def disagreeing_config(what: str) -> str:
         named = [((f"r{rank}." if rank == 1 else "") + k, v) for k, v in named]
     elif what == "selector":
         mode = hvd_flexcomm.ARTopk(cr=0.01, selector="star" if rank == 0 else "var")
+    elif what == "sync_every":  # an option describe() leaves out
+        mode = hvd_flexcomm.Adaptive(sync_every=1 if rank == 0 else 2)
     opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                             named_parameters=named, compression=mode)
     x, y = _batch(0, rank)

@@ -39,5 +39,18 @@ def test_modes_describe_and_defaults():
     assert AGTopk(cr=1).cr == 1.0
 
 
+def test_settings_of_names_every_option_describe_leaves_out():
+    from hvd_flexcomm import Adaptive
+    from hvd_flexcomm.compression import settings_of
+
+    a, b = Adaptive(), Adaptive(span_settle_steps=7)
+    assert a.describe() == b.describe()  # the log line is short ...
+    diff = {k for k in settings_of(a) if settings_of(a)[k] != settings_of(b)[k]}
+    assert diff == {"span_settle_steps"}  # ... the ranks' check is not
+    assert settings_of(b)["span_settle_steps"] == "7" and settings_of(a)["weights"] == "(0.6, 0.4)"
+    assert set(settings_of(ARTopk())) == {"cr", "granularity", "bucket_cap_mb", "selector"}
+    assert settings_of(Dense()) == {"compressor": "None"}
+
+
 def test_package_exports_version():
     assert isinstance(hvd_flexcomm.__version__, str) and hvd_flexcomm.__version__.count(".") == 2

@@ -57,6 +57,7 @@ def test_cr_one_reproduces_horovod_dense():
     ("cr", "ranks disagree on compression"),
     ("compressor", "ranks disagree on compression"),
     ("selector", "ranks disagree on compression"),
+    ("sync_every", "ranks disagree on compression settings: sync_every: rank 0 has 1, rank 1 has 2"),
     ("names", "ranks disagree on parameters"),
 ])
 def test_disagreeing_ranks_raise_everywhere(what, needle):
