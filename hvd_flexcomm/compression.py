@@ -246,8 +246,15 @@ def settings_of(mode: Any) -> dict[str, str]:
     ``describe()`` names only the main settings (for logs); the optimizer's first-step check
     compares this on every rank, so that ranks built with different options of any kind (e.g.
     Adaptive's ``sync_every``, which sets the steps at which every rank takes part in an
-    announcement) fail at once with the option named, instead of hanging or diverging later."""
-    return {f.name: repr(getattr(mode, f.name)) for f in dataclasses.fields(mode)}
+    announcement) fail at once with the option named, instead of hanging or diverging later.
+    A value whose ``repr`` holds a memory address (an object without a ``repr`` of its own,
+    which differs between processes) is named by its type instead."""
+    out = {}
+    for f in dataclasses.fields(mode):
+        value = getattr(mode, f.name)
+        text = repr(value)
+        out[f.name] = f"<{type(value).__qualname__}>" if " at 0x" in text else text
+    return out
 
 
 def _check_ints(settings: Any, names: tuple, minimum: int) -> None:

@@ -50,6 +50,8 @@ def test_settings_of_names_every_option_describe_leaves_out():
     assert settings_of(b)["span_settle_steps"] == "7" and settings_of(a)["weights"] == "(0.6, 0.4)"
     assert set(settings_of(ARTopk())) == {"cr", "granularity", "bucket_cap_mb", "selector"}
     assert settings_of(Dense()) == {"compressor": "None"}
+    # an object without a repr of its own: its type, not its address (which differs by process)
+    assert settings_of(Dense(compressor=object())) == {"compressor": "<object>"}
 
 
 def test_package_exports_version():
