@@ -104,10 +104,12 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.jobctl import (  # noqa: E402
+    check_mode_options,
     control_dir,
     follow_job,
     link_of,
     network,
+    options_text,
     parse_option,
     parse_rate,
     read_records,
@@ -158,14 +160,11 @@ def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
             name = f"{name} (warm-up {warmup_steps})"
         chosen = dict(parse_option(item) for item in extra)
         if chosen:
-            name = f"{name} ({', '.join(f'{k}={v}' for k, v in chosen.items())})"
+            name = f"{name} ({options_text(chosen, ', ')})"
         options = {"warmup_steps": warmup_steps, **options, **chosen}
         from hvd_flexcomm import Adaptive
 
-        try:  # refused here, before any job starts, rather than on every rank
-            Adaptive(**options)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"bad method {text!r}: {exc}") from exc
+        check_mode_options(Adaptive, options, f"bad method {text!r}")
         return {"name": name, "kind": "adaptive", "cr": None, "options": options}
     if kind not in ("ag", "ar", "flexible") or not arg:
         raise ValueError(f"bad method {text!r}: use dense, ag:CR, ar:CR, flexible:CR or one of "
@@ -1249,9 +1248,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                        else DEFAULT_METHODS))]
     except ValueError as exc:
         ap.error(str(exc))
-    names = [m["name"] for m in methods]
-    if len(set(names)) < len(names):
-        ap.error(f"a method is named twice: {', '.join(sorted({x for x in names if names.count(x) > 1}))}")
+    twice = sorted(name for name, n in Counter(m["name"] for m in methods).items() if n > 1)
+    if twice:
+        ap.error(f"a method is named twice: {', '.join(twice)}")
     if methods[0]["kind"] != "dense":
         ap.error("the first method must be dense (it sets the target)")
     if args.dense_steps:

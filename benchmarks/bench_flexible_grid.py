@@ -536,7 +536,7 @@ def write_outputs(out: str, records: list[dict[str, Any]], meta: dict[str, Any])
     rows.sort(key=lambda r: (r["N"], r["latency_ms"], r["rate_mbit"] or math.inf, -r["cr"]))
     acc = acceptance(rows)
     if acc.get("ab_cells"):
-        acc["ab_label"] = " ".join(f"{k}={v}" for k, v in (meta.get("ab_options") or {}).items())
+        acc["ab_label"] = drv.options_text(meta.get("ab_options") or {})
     with open(os.path.join(out, "grid.json"), "w") as fh:
         json.dump({"meta": meta, "acceptance": acc, "cells": rows, "records": records}, fh, indent=1)
     with open(os.path.join(out, "grid.md"), "w") as fh:
@@ -604,9 +604,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         import hvd_flexcomm
 
         try:
-            hvd_flexcomm.Flexible(cr=0.01, **flex_options, **ab_options)
-        except (TypeError, ValueError) as exc:
-            ap.error(f"--ab {' '.join(f'{k}={v}' for k, v in ab_options.items())}: {exc}")
+            drv.check_mode_options(hvd_flexcomm.Flexible, {"cr": 0.01, **flex_options, **ab_options},
+                                   f"--ab {drv.options_text(ab_options)}")
+        except ValueError as exc:
+            ap.error(str(exc))
     meta = {"mode": mode, "numel": cfg["numel"], "config": cfg, "barrier": not args.no_barrier,
             "flex_options": flex_options, "replicate": args.replicate,
             "ab_options": ab_options, "reuse_job": args.reuse_job,

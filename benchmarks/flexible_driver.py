@@ -18,11 +18,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.jobctl import (  # noqa: E402, F401 - network, parse_option, parse_rate: for the drivers
+from benchmarks.jobctl import (  # noqa: E402, F401 - network, parse_*, *_options, options_text: for the drivers
+    check_mode_options,
     control_dir,
     follow_job,
     link_of,
     network,
+    options_text,
     parse_option,
     parse_rate,
     read_records,

@@ -120,6 +120,21 @@ def parse_option(text: str) -> tuple[str, Any]:
         return name, value
 
 
+def options_text(options: dict[str, Any], sep: str = " ") -> str:
+    """Options as the command line gave them: ``OPTION=VALUE`` items joined by ``sep``."""
+    return sep.join(f"{k}={v}" for k, v in options.items())
+
+
+def check_mode_options(mode_cls: Callable[..., Any], options: dict[str, Any], what: str) -> None:
+    """Build ``mode_cls(**options)`` once in the driver, so that a bad option is refused before
+    any job starts rather than on every rank: a ValueError that starts with ``what`` and says
+    what the mode refused (an unknown option or a bad value)."""
+    try:
+        mode_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: {exc}") from exc
+
+
 def network(delay_ms: float, rate_mbit: Optional[float]) -> dict[str, Any]:
     """A network as plans and records carry it (JSON): one-way delay (ms), rate (Mbit/s; None =
     unlimited) and a label."""

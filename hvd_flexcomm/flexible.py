@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Optional, Union
 
 from .calibration import CollectiveCostModel, DriftDetector, probe_ks
-from .compression import Adaptive, Flexible
+from .compression import Flexible
 from .probing import BARRIER_BYTES, barriers_needed
 from .routing import PATHS, Router, choose_path
 from .sync import ANNOUNCE_SLOT, CONTROL_SLOTS, PATH_SLOT, TIMING_SLOTS, ar_extra_entries
@@ -47,10 +47,6 @@ _PATH_OF_CODE = {v: k for k, v in PATH_CODES.items()}
 #: A span step's size (k) lies at least this factor away from the size in use: a narrower base
 #: would not pin the slope (calibration.MIN_SLOPE_SPAN is 2).
 SPAN_MIN_RATIO = 4.0
-
-#: Under span steps, a drift probe is followed by a span this many steps later by default
-#: (``Adaptive.span_settle_steps``, which says why).
-SPAN_SETTLE_STEPS = Adaptive.span_settle_steps
 
 #: A routine span whose every timed step took less than 1/this of the prediction at its CR
 #: recalibrates at once, without waiting for a second span off on the same side. Stalls (a TCP
@@ -408,7 +404,7 @@ class FlexibleController:
             self.n_drift_probes += 1
         # after drift under span steps, the slopes of the new network come from two spans once
         # the link settled; a full probe measured them itself
-        self.span_soon_step = (step + int(self.mode.span_settle_steps)
+        self.span_soon_step = (step + self.mode.span_settle_steps
                                if kind == "drift" and self.spans_on else None)
         self.span_other_due = kind == "drift" and self.spans_on
         self.span_second_path = None

@@ -175,21 +175,18 @@ class _FlexMethods(torch.optim.Optimizer):
         reference = everyone[0]
         for rank, theirs in enumerate(everyone):
             for key in reference:
-                if key == "compression settings" and theirs.get(key) != reference.get(key):
-                    ours, others = reference[key], theirs.get(key) or {}
-                    names = [n for n in {**ours, **others} if ours.get(n) != others.get(n)]
-                    raise ValueError(
-                        "hvd_flexcomm: ranks disagree on compression settings: " + "; ".join(
-                            f"{n}: rank 0 has {ours.get(n)}, rank {rank} has {others.get(n)}"
-                            for n in names)
-                        + ". Every rank must pass the same compression settings."
-                    )
-                if theirs.get(key) != reference.get(key):
-                    raise ValueError(
-                        f"hvd_flexcomm: ranks disagree on {key}: rank 0 has "
-                        f"{reference.get(key)!r}, rank {rank} has {theirs.get(key)!r}. Every rank "
-                        "must build the same model and pass the same compression settings."
-                    )
+                ours, others = reference.get(key), theirs.get(key)
+                if others == ours:
+                    continue
+                if isinstance(ours, dict) and isinstance(others, dict):  # name what differs
+                    detail = "; ".join(f"{n}: rank 0 has {ours.get(n)}, rank {rank} has "
+                                       f"{others.get(n)}" for n in {**ours, **others}
+                                       if ours.get(n) != others.get(n))
+                else:
+                    detail = f"rank 0 has {ours!r}, rank {rank} has {others!r}"
+                raise ValueError(f"hvd_flexcomm: ranks disagree on {key}: {detail}. Every rank "
+                                 "must build the same model and pass the same compression "
+                                 "settings.")
 
     def _flex_agreement_hash(self) -> int:
         """A small hash of (settings, step, CR, path) that every rank puts in its payload; the

@@ -772,7 +772,7 @@ def test_network_change_recalibrates_and_the_pick_moves_only_with_the_shape(afte
 
 def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     """Under span steps a drift probe re-times the size in use only; until the span after it
-    (``SPAN_SETTLE_STEPS`` later) measures the new slope, a line through that one size leans on
+    (``span_settle_steps`` later) measures the new slope, a line through that one size leans on
     the old network's slope, and where that overshoots the new point it runs through the origin.
     A recalibrated-model solve still due from the first change's spans must wait for the second
     change's span (``FlexibleController.recalibrating``), not read that guess. Here the allgather
@@ -781,8 +781,6 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     where steps take 20 ms. The wait lasts until the span on the other sparse path is judged
     too: without that, the solve came right after the first span (step 54, the other path's
     span at 55-56)."""
-    from hvd_flexcomm.flexible import SPAN_SETTLE_STEPS
-
     mode = Adaptive(cr=0.01, gain_every=1, min_interval=50, min_cr_change=0, min_tta_gain=0,
                     reprobe_interval=0, drift_patience=3, n_gen=20, pop_size=16, span_steps=2,
                     span_every=1000)
@@ -800,13 +798,13 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     assert flex.path == "allgather"
     assert len(drift_probes) == 2 and 40 <= drift_probes[1] < 50, drift_probes
     held = [s for s, on in recalibrating.items() if on]
-    assert set(range(drift_probes[1], drift_probes[1] + SPAN_SETTLE_STEPS)) <= set(held)
+    assert set(range(drift_probes[1], drift_probes[1] + mode.span_settle_steps)) <= set(held)
     assert not recalibrating[89]
     assert [s["step"] for s in ada.solves if recalibrating[s["step"]]] == []
     # the first solve after the second change waited for its span, and sees the new level
     first = next(s for s in ada.solves if s["step"] > drift_probes[1])
     assert first["reason"] == "network model recalibrated"
-    assert first["step"] > drift_probes[1] + SPAN_SETTLE_STEPS
+    assert first["step"] > drift_probes[1] + mode.span_settle_steps
     # ... for both spans after it, one per sparse path: the one on the path not in use too
     # (the drift probe timed that path at the size in use only)
     spans = {path: [s for s, (_, _, role, p) in seen.items()

@@ -168,14 +168,14 @@ def test_adaptive_cr_moves_when_a_network_change_reshapes_the_time_curve(tmp_pat
     0.1 ms one way at 100 Mbit/s, then from step 25 10 ms at an unlimited rate. The path in use
     gets slower, so the drift detector fires, a drift probe re-times the size in use and the
     span after it (``span_settle_steps`` later: 4, 10 before 2d3bc92) the far end of the
-    candidates, and Adaptive re-solves for the
-    recalibrated network; no solve reads the model between the two
-    (``FlexibleController.recalibrating``). TCP settling on the new round trip can fire a second
-    drift near step 50 (at 41038d2 this test failed in 2 of 5 suite runs, the one whose report
-    was kept on a solve 4 steps after such a drift probe, and in 0 of 18 runs alone): its span
-    came near step 60 with the wait of 10, so the run has 80 steps. Gains alone hardly trigger solves here
-    (gain_threshold 0.9); the benchmark also solves from the old network's times with the new
-    gains, so the network's part of the move is measured, not assumed.
+    candidates, and Adaptive re-solves for the recalibrated network; no solve reads the model
+    between the two (``FlexibleController.recalibrating``). TCP settling on the new round trip
+    can fire a second drift near step 50 (at 41038d2 this test failed in 2 of 5 suite runs, the
+    one whose report was kept on a solve 4 steps after such a drift probe, and in 0 of 18 runs
+    alone): its span came near step 60 with the wait of 10, so the run has 80 steps. Gains
+    alone hardly trigger solves here (gain_threshold 0.9); the benchmark also solves from the
+    old network's times with the new gains, so the network's part of the move is measured, not
+    assumed.
 
     Asserted: the re-solve that the recalibration triggered sees the new network (predicted time
     at the smallest candidate up more than 3x: latency), is scaled by the measured time outside

@@ -196,7 +196,7 @@ def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     assert crs[0] == 1.0 and r0["paths"][0] == "dense"  # warm-up starts dense
     assert all(a >= b for a, b in zip(crs[:30], crs[1:30]))  # and ramps down
     # the starting CR once the warm-up ends, unless a drift during the warm-up made a span due
-    # (its drift probe schedules one SPAN_SETTLE_STEPS later, and spans wait for the warm-up)
+    # (its drift probe schedules one span_settle_steps later, and spans wait for the warm-up)
     assert crs[30] == 0.1 or spans[30]
     assert r0["solves"] >= 1 and not r0["failed"]
     assert r0["changes"], "the solver's CR was never announced"
