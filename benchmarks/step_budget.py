@@ -1,0 +1,311 @@
+"""Where a method's time to the target goes: its steps priced at steady state, and the rest.
+
+Reads the saved records of ``benchmarks/bench_adaptive.py`` (``seed*/adaptive.json``: rank 0's
+time of every step, the CR it ran, whether it was a span step, the probe time it held) and
+splits each method's training time up to the target into
+
+- **steady** (s): every step priced at the median time of the *steady* steps at the CR in use
+  (a steady step holds no probe, is not a span step, and it and the two steps before it ran the
+  same CR outside spans: a new message size's first steps pay Horovod's negotiation). A CR with
+  fewer than :data:`MIN_STEADY` steady steps has no price of its own (Adaptive's steps at its
+  starting CR before the first solved one is in force, a CR it left at once): its steps are
+  priced at the next priced CR of the run (the previous one at the end), i.e. as if that CR
+  had been in force from the start. A span step is priced at the CR in use around it. After a
+  network change each network's steps are priced by its own steady steps (the steps at the
+  old CR on the new network are then priced as such: a slow reaction shows in the steady part);
+- **overhead** (s): the time above those prices, by where it arose (:data:`PARTS`):
+  ``start-up`` (every step before the run's first steady step at a priced CR: for Adaptive the
+  start-up probe, the steps at the starting CR and the first steps at the first solved CR; for
+  a fixed CR its first two steps), ``network change`` (the steps from a network change to the
+  first steady step after it), ``probes`` (later steps that held a probe), ``spans`` (span steps and the step
+  after each span), ``CR changes`` (the first step at a new CR and the two before it, which run
+  while its announcement is in flight), ``stalls`` (any other step over :data:`STALL_FACTOR`
+  times its price: a TCP retransmission timeout, a starved process) and ``rest`` (step-to-step
+  noise about the median; it can be negative).
+
+The steady part compares the CRs the methods ran, the overhead what it cost to run them. Pure
+functions over the records, and a command line that prints a markdown table per seed and the
+per-seed ratios of Adaptive to the best fixed CR on both parts::
+
+    python benchmarks/step_budget.py docs/performance/runs/static_eea3726 [more run dirs] [--smoothed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.bench_adaptive import STALL_FACTOR, resummarize  # noqa: E402
+
+#: Steady steps a CR needs for a price of its own.
+MIN_STEADY = 5
+#: Where overhead arises, in the order a step is classified (the first that applies).
+PARTS = ("start-up", "network change", "spans", "probes", "CR changes", "stalls", "rest")
+#: Steps before a CR change that count towards it (its announcement's broadcast is in flight
+#: then: ``hvd_flexcomm.adaptive.ANNOUNCE_LAG_STEPS``).
+ANNOUNCE_STEPS = 2
+
+
+def _flags(per_step: dict[str, list], n: int) -> tuple[list, list[bool], list[float]]:
+    """The first ``n`` steps' CRs, span flags and probe ms (records without span flags: none)."""
+    crs = list(per_step["cr"][:n])
+    spans = [bool(x) for x in (per_step.get("span") or [False] * len(crs))[:n]]
+    probes = [float(p or 0.0) for p in per_step["probe_ms"][:n]]
+    return crs, spans, probes
+
+
+def cr_in_use(crs: Sequence, spans: Sequence[bool]) -> list:
+    """The CR in use at each step: a step's own CR, or, for a span step (which runs at an end of
+    the candidates), the CR of the last step before it outside spans (the first one after it
+    when the run opens with a span). Pure function."""
+    regular = [c for c, span in zip(crs, spans) if not span]
+    out, last = [], (regular[0] if regular else None)
+    for c, span in zip(crs, spans):
+        if not span:
+            last = c
+        out.append(last)
+    return out
+
+
+def steady_steps(crs: Sequence, spans: Sequence[bool], probes: Sequence[float]) -> list[bool]:
+    """Whether each step is steady (see the module docstring). Pure function."""
+    return [i >= 2 and not any(spans[i - 2:i + 1]) and probes[i] == 0
+            and crs[i] == crs[i - 1] == crs[i - 2] for i in range(len(crs))]
+
+
+def _fill(prices: list[Optional[float]]) -> list[Optional[float]]:
+    """Each None replaced by the next price in the list, or, after the last price, the previous
+    one (all None stays all None)."""
+    out = list(prices)
+    nxt: Optional[float] = None
+    for i in reversed(range(len(out))):
+        if out[i] is None:
+            out[i] = nxt
+        else:
+            nxt = out[i]
+    prev: Optional[float] = None
+    for i, p in enumerate(out):
+        if p is None:
+            out[i] = prev
+        else:
+            prev = p
+    return out
+
+
+def phases(n_steps: int, change_step: Optional[int]) -> list[int]:
+    """0 for each step before the network change, 1 from ``change_step`` (the first step on the
+    new network) on; all 0 without a change. Pure function."""
+    return [int(change_step is not None and i >= change_step) for i in range(n_steps)]
+
+
+def _steady_price(per_step: dict[str, list], n_steps: int, change_step: Optional[int],
+                  min_steady: int) -> tuple[dict[tuple, float], list[bool]]:
+    """``({(phase, cr): ms}, steady)``: the median of each CR's steady steps on each network
+    (CRs with ``min_steady`` of them), and which steps are steady ones that made a price."""
+    crs, spans, probes = _flags(per_step, n_steps)
+    ms = per_step["ms"][:n_steps]
+    phase = phases(len(ms), change_step)
+    # the change's first steps are not steady: the two before them ran on the other network
+    steady = [s and phase[i] == phase[i - 2]
+              for i, s in enumerate(steady_steps(crs, spans, probes))]
+    samples: dict[tuple, list[float]] = {}
+    for i in range(len(ms)):
+        if steady[i]:
+            samples.setdefault((phase[i], crs[i]), []).append(ms[i])
+    price = {key: statistics.median(v) for key, v in samples.items() if len(v) >= min_steady}
+    return price, [s and (phase[i], crs[i]) in price for i, s in enumerate(steady)]
+
+
+def step_prices(per_step: dict[str, list], n_steps: int, change_step: Optional[int] = None,
+                min_steady: int = MIN_STEADY) -> Optional[list[float]]:
+    """Steady price (ms) of each of the first ``n_steps`` steps (see the module docstring), or
+    None when no CR of the run has ``min_steady`` steady steps. With a network change
+    (``change_step``: the first step on the new network) the steps on each network are priced
+    by that network's steady steps (a network without a priced CR borrows the other's)."""
+    price, _ = _steady_price(per_step, n_steps, change_step, min_steady)
+    if not price:
+        return None
+    crs, spans, _ = _flags(per_step, n_steps)
+    in_use = cr_in_use(crs, spans)
+    phase = phases(len(crs), change_step)
+    out: list[Optional[float]] = []
+    for ph in sorted(set(phase)):
+        out += _fill([price.get((ph, c)) for c, p in zip(in_use, phase) if p == ph])
+    return [float(p) for p in _fill(out)]  # type: ignore[arg-type]
+
+
+def budget(per_step: dict[str, list], n_steps: int, change_step: Optional[int] = None,
+           min_steady: int = MIN_STEADY) -> Optional[dict[str, Any]]:
+    """``{"steps", "time_s", "steady_s", "overhead_s", "parts": {part: s}}`` of the first
+    ``n_steps`` steps (the parts sum to ``overhead_s`` = ``time_s - steady_s``), or None when
+    the steps cannot be priced (:func:`step_prices`). ``change_step``: the first step on a new
+    network (the steps from it to the first steady step after it count as ``network change``)."""
+    prices = step_prices(per_step, n_steps, change_step, min_steady)
+    if prices is None:
+        return None
+    crs, spans, probes = _flags(per_step, n_steps)
+    ms = per_step["ms"][:n_steps]
+    in_use = cr_in_use(crs, spans)
+    _, steady = _steady_price(per_step, n_steps, change_step, min_steady)
+    phase = phases(len(ms), change_step)
+    first_steady = steady.index(True) if any(steady) else len(ms)
+    settled = next((i for i in range(len(ms)) if steady[i] and phase[i]),
+                   len(ms))  # the first steady step on the new network
+    changes = {i for i in range(1, len(ms)) if in_use[i] != in_use[i - 1]}
+    near_change = {j for i in changes for j in range(i - ANNOUNCE_STEPS, i + 1)}
+    parts = dict.fromkeys(PARTS, 0.0)
+    for i, (t, p) in enumerate(zip(ms, prices)):
+        if i < first_steady:
+            part = "start-up"
+        elif phase[i] and i < settled:
+            part = "network change"
+        elif spans[i] or (i > 0 and spans[i - 1]):
+            part = "spans"
+        elif probes[i] > 0:
+            part = "probes"
+        elif i in near_change:
+            part = "CR changes"
+        elif t > STALL_FACTOR * p:
+            part = "stalls"
+        else:
+            part = "rest"
+        parts[part] += (t - p) / 1e3
+    time_s, steady_s = sum(ms) / 1e3, sum(prices) / 1e3
+    return {"steps": len(ms), "time_s": time_s, "steady_s": steady_s,
+            "overhead_s": time_s - steady_s, "parts": parts}
+
+
+def run_budgets(result: dict[str, Any], smoothed: bool = False) -> list[dict[str, Any]]:
+    """One entry per method of a saved run (``result``: a resummarised ``adaptive.json``) that
+    reached the target (``smoothed``: the smoothed one): ``{"name", "kind", **budget}``."""
+    key = "steps_to_smoothed_target" if smoothed else "steps_to_target"
+    out = []
+    for row, rec in zip(result["rows"], result["records"], strict=True):
+        if row.get(key) is None or row["kind"] == "dense":
+            continue
+        change = rec.get("network_change") or {}
+        change_step = change.get("step") if change.get("network") else None
+        b = budget(rec["per_step"], int(row[key]), change_step)
+        if b is not None:
+            out.append({"name": row["name"], "kind": row["kind"], **b})
+    return out
+
+
+def _geo_mean(xs: Sequence[float]) -> float:
+    return math.exp(statistics.mean(math.log(x) for x in xs))
+
+
+def compare(per_run: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Adaptive against the best fixed CR of each run (the fixed method with the shortest time
+    to the target): per-run ratios of time and of steady time, their medians and geometric
+    means, and the mean overhead parts of each side (s). Runs without both are left out."""
+    pairs = []
+    for label, entries in per_run:
+        ada = next((e for e in entries if e["kind"] == "adaptive"), None)
+        fixed = [e for e in entries if e["kind"] != "adaptive"]
+        if ada is None or not fixed:
+            continue
+        best = min(fixed, key=lambda e: e["time_s"])
+        pairs.append({"run": label, "adaptive": ada, "best": best,
+                      "time_ratio": ada["time_s"] / best["time_s"],
+                      "steady_ratio": ada["steady_s"] / best["steady_s"]})
+    if not pairs:
+        return {"pairs": []}
+
+    def mean_parts(side: str) -> dict[str, float]:
+        return {p: statistics.mean(x[side]["parts"][p] for x in pairs) for p in PARTS}
+
+    return {"pairs": pairs,
+            "median_time_ratio": statistics.median(x["time_ratio"] for x in pairs),
+            "median_steady_ratio": statistics.median(x["steady_ratio"] for x in pairs),
+            "geo_time_ratio": _geo_mean([x["time_ratio"] for x in pairs]),
+            "geo_steady_ratio": _geo_mean([x["steady_ratio"] for x in pairs]),
+            "adaptive_parts_s": mean_parts("adaptive"), "best_parts_s": mean_parts("best")}
+
+
+def markdown(per_run: list[tuple[str, list[dict[str, Any]]]], summary: dict[str, Any],
+             ruler: str) -> str:
+    """The per-run table and the comparison, as markdown."""
+    lines = [f"Time to the {ruler} (s of rank 0's step times), steady part and overhead "
+             "(`benchmarks/step_budget.py`).", "",
+             "| run | method | steps | time (s) | steady (s) | overhead (s) | "
+             + " | ".join(PARTS) + " |",
+             "|---|---|---:|---:|---:|---:|" + "---:|" * len(PARTS)]
+    for label, entries in per_run:
+        for e in entries:
+            lines.append(f"| {label} | {e['name']} | {e['steps']} | {e['time_s']:.1f} | "
+                         f"{e['steady_s']:.1f} | {e['overhead_s']:.1f} | "
+                         + " | ".join(f"{e['parts'][p]:.1f}" for p in PARTS) + " |")
+    pairs = summary["pairs"]
+    lines.append("")
+    if not pairs:
+        lines.append("No run has Adaptive and a fixed CR that both reached the target.")
+        return "\n".join(lines) + "\n"
+    lines += [f"Adaptive against the best fixed CR of each run ({len(pairs)} runs):", "",
+              "| ratio, Adaptive / best fixed | median of the runs | geometric mean |",
+              "|---|---:|---:|",
+              f"| time to the target | {summary['median_time_ratio']:.2f} | "
+              f"{summary['geo_time_ratio']:.2f} |",
+              f"| steady part (every step at its CR's steady price) | "
+              f"{summary['median_steady_ratio']:.2f} | {summary['geo_steady_ratio']:.2f} |", "",
+              "| mean overhead per run (s) | " + " | ".join(PARTS) + " | all |",
+              "|---|" + "---:|" * (len(PARTS) + 1)]
+    for side, label in (("adaptive_parts_s", "Adaptive"), ("best_parts_s", "best fixed CR")):
+        parts = summary[side]
+        lines.append(f"| {label} | " + " | ".join(f"{parts[p]:.2f}" for p in PARTS)
+                     + f" | {sum(parts.values()):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def load_runs(dirs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``(label, resummarised result)`` of every ``seed*/adaptive.json`` under each of ``dirs``
+    (label: the directory's name and the seed). Raises ValueError naming a directory without
+    one. Runs of different library versions may be mixed: each seed is compared within its own
+    run only."""
+    out = []
+    for d in dirs:
+        found = sorted(glob.glob(os.path.join(d, "seed*", "adaptive.json")))
+        if not found:
+            raise ValueError(f"no seed*/adaptive.json under {d!r}")
+        for path in found:
+            with open(path) as fh:
+                result = resummarize(json.load(fh))
+            out.append((f"{os.path.basename(os.path.normpath(d))} seed {result['settings']['seed']}",
+                        result))
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+", metavar="DIR",
+                    help="run directories of bench_adaptive.py (each holding seed*/adaptive.json)")
+    ap.add_argument("--smoothed", action="store_true",
+                    help="up to the smoothed target instead of the first evaluation over it")
+    ap.add_argument("--out", help="also write the markdown to this file")
+    args = ap.parse_args(argv)
+    try:
+        runs = load_runs(args.dirs)
+    except ValueError as exc:
+        ap.error(str(exc))
+    per_run = [(label, run_budgets(result, args.smoothed)) for label, result in runs]
+    md = markdown(per_run, compare(per_run), "smoothed target" if args.smoothed else "target")
+    print(md)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
