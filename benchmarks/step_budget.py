@@ -13,21 +13,23 @@ splits each method's training time up to the target into
   had been in force from the start. A span step is priced at the CR in use around it. After a
   network change each network's steps are priced by its own steady steps (the steps at the
   old CR on the new network are then priced as such: a slow reaction shows in the steady part);
-- **overhead** (s): the time above those prices, by where it arose (:data:`PARTS`):
-  ``start-up`` (every step before the run's first steady step at a priced CR: for Adaptive the
-  start-up probe, the steps at the starting CR and the first steps at the first solved CR; for
-  a fixed CR its first two steps), ``network change`` (the steps from a network change to the
-  first steady step after it), ``probes`` (later steps that held a probe), ``spans`` (span steps and the step
-  after each span), ``CR changes`` (the first step at a new CR and the two before it, which run
-  while its announcement is in flight), ``stalls`` (any other step over :data:`STALL_FACTOR`
-  times its price: a TCP retransmission timeout, a starved process) and ``rest`` (step-to-step
-  noise about the median; it can be negative).
+- **overhead** (s): the time above those prices, by where it arose (:data:`PARTS`, a step
+  counts towards the first that applies): ``start-up`` (every step before the run's first
+  steady step at a priced CR: for Adaptive the start-up probe, the steps at the starting CR and
+  the first steps at the first solved CR; for a fixed CR its first two steps), ``network
+  change`` (the steps from a network change to the first steady step after it), ``spans``
+  (span steps and the step after each span), ``probes`` (later steps that held a probe), ``CR
+  changes`` (the first step at a new CR and the two before it, which run while its
+  announcement is in flight), ``stalls`` (any other step over :data:`STALL_FACTOR` times its
+  price: a TCP retransmission timeout, a starved process) and ``rest`` (step-to-step noise
+  about the median; it can be negative).
 
 The steady part compares the CRs the methods ran, the overhead what it cost to run them. Pure
 functions over the records, and a command line that prints a markdown table per seed and the
 per-seed ratios of Adaptive to the best fixed CR on both parts::
 
-    python benchmarks/step_budget.py docs/performance/runs/static_eea3726 [more run dirs] [--smoothed]
+    python benchmarks/step_budget.py docs/performance/runs/static_eea3726 [more run dirs] \\
+        [--smoothed] [--out budget.md] [--plot budget.png]
 """
 
 from __future__ import annotations
@@ -268,6 +270,48 @@ def markdown(per_run: list[tuple[str, list[dict[str, Any]]]], summary: dict[str,
     return "\n".join(lines) + "\n"
 
 
+def _group(label: str) -> str:
+    """A run's group in the plot: its directory's name up to the last underscore (this repo
+    names runs ``<scenario>_<commit>``), the whole name without one."""
+    name = label.rsplit(" seed ", 1)[0]
+    return name.rsplit("_", 1)[0] if "_" in name else name
+
+
+def plot(summary: dict[str, Any], path: str, ruler: str) -> None:
+    """One point per run: Adaptive / best fixed CR on the steady part (x) against the time to
+    the target (y), coloured by group (:func:`_group`). Below the horizontal line Adaptive was
+    faster; left of the vertical one its CRs were cheaper at steady state; the height of a point
+    above the diagonal is what its overhead cost it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = summary["pairs"]
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    xs = [p["steady_ratio"] for p in pairs]
+    ys = [p["time_ratio"] for p in pairs]
+    lo, hi = min(xs + ys + [1.0]) * 0.95, max(xs + ys + [1.0]) * 1.05
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls=":", label="time = steady (no overhead)")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    for group in sorted({_group(p["run"]) for p in pairs}):
+        mine = [p for p in pairs if _group(p["run"]) == group]
+        ax.scatter([p["steady_ratio"] for p in mine], [p["time_ratio"] for p in mine],
+                   label=f"{group} ({len(mine)})", s=28)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("steady part, Adaptive / best fixed CR")
+    ax.set_ylabel(f"time to the {ruler}, Adaptive / best fixed CR")
+    ax.set_title(f"Adaptive against the best fixed CR, one point per seed-run\n"
+                 f"medians: time {summary['median_time_ratio']:.2f}, "
+                 f"steady {summary['median_steady_ratio']:.2f}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def load_runs(dirs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
     """``(label, resummarised result)`` of every ``seed*/adaptive.json`` under each of ``dirs``
     (label: the directory's name and the seed). Raises ValueError naming a directory without
@@ -293,17 +337,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--smoothed", action="store_true",
                     help="up to the smoothed target instead of the first evaluation over it")
     ap.add_argument("--out", help="also write the markdown to this file")
+    ap.add_argument("--plot", metavar="PNG", help="also plot each run's two ratios (see plot())")
     args = ap.parse_args(argv)
     try:
         runs = load_runs(args.dirs)
     except ValueError as exc:
         ap.error(str(exc))
     per_run = [(label, run_budgets(result, args.smoothed)) for label, result in runs]
-    md = markdown(per_run, compare(per_run), "smoothed target" if args.smoothed else "target")
+    ruler = "smoothed target" if args.smoothed else "target"
+    summary = compare(per_run)
+    md = markdown(per_run, summary, ruler)
     print(md)
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(md)
+    if args.plot and summary["pairs"]:
+        plot(summary, args.plot, ruler)
     return 0
 
 

@@ -88,8 +88,9 @@ def test_compare_takes_each_runs_fastest_fixed_cr():
 
 
 def test_the_command_line_reads_saved_runs(tmp_path, capsys):
-    out = tmp_path / "budget.md"
-    assert sb.main([SAVED_RUN, "--out", str(out)]) == 0
+    out, png = tmp_path / "budget.md", tmp_path / "budget.png"
+    assert sb.main([SAVED_RUN, "--out", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = out.read_text()
     assert text == capsys.readouterr().out.rstrip("\n") + "\n"
     for seed in (52, 53, 54):
