@@ -26,7 +26,8 @@ splits each method's training time up to the target into
 
 The steady part compares the CRs the methods ran, the overhead what it cost to run them. Pure
 functions over the records, and a command line that prints a markdown table per seed and the
-per-seed ratios of Adaptive to the best fixed CR on both parts::
+per-seed ratios of Adaptive to the best fixed CR on both parts (of each Adaptive, in an A/B run
+of two)::
 
     python benchmarks/step_budget.py docs/performance/runs/static_eea3726 [more run dirs] \\
         [--smoothed] [--out budget.md] [--plot budget.png]
@@ -208,13 +209,17 @@ def _geo_mean(xs: Sequence[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs))
 
 
-def compare(per_run: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+def compare(per_run: list[tuple[str, list[dict[str, Any]]]],
+            adaptive: Optional[str] = None) -> dict[str, Any]:
     """Adaptive against the best fixed CR of each run (the fixed method with the shortest time
     to the target): per-run ratios of time and of steady time, their medians and geometric
-    means, and the mean overhead parts of each side (s). Runs without both are left out."""
+    means, and the mean overhead parts of each side (s). ``adaptive``: the name of the Adaptive
+    to compare where a run has several (an A/B run); None: each run's first. Runs without both
+    are left out."""
     pairs = []
     for label, entries in per_run:
-        ada = next((e for e in entries if e["kind"] == "adaptive"), None)
+        ada = next((e for e in entries if e["kind"] == "adaptive"
+                    and (adaptive is None or e["name"] == adaptive)), None)
         fixed = [e for e in entries if e["kind"] != "adaptive"]
         if ada is None or not fixed:
             continue
@@ -236,9 +241,16 @@ def compare(per_run: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
             "adaptive_parts_s": mean_parts("adaptive"), "best_parts_s": mean_parts("best")}
 
 
-def markdown(per_run: list[tuple[str, list[dict[str, Any]]]], summary: dict[str, Any],
-             ruler: str) -> str:
-    """The per-run table and the comparison, as markdown."""
+def adaptive_names(per_run: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """The names of the Adaptives in the runs, in the order they first appear."""
+    return list(dict.fromkeys(e["name"] for _, entries in per_run for e in entries
+                              if e["kind"] == "adaptive"))
+
+
+def markdown(per_run: list[tuple[str, list[dict[str, Any]]]],
+             summaries: list[tuple[str, dict[str, Any]]], ruler: str) -> str:
+    """The per-run table and each comparison (``(Adaptive's name, compare(...))``), as
+    markdown."""
     lines = [f"Time to the {ruler} (s of rank 0's step times), steady part and overhead "
              "(`benchmarks/step_budget.py`).", "",
              "| run | method | steps | time (s) | steady (s) | overhead (s) | "
@@ -249,24 +261,25 @@ def markdown(per_run: list[tuple[str, list[dict[str, Any]]]], summary: dict[str,
             lines.append(f"| {label} | {e['name']} | {e['steps']} | {e['time_s']:.1f} | "
                          f"{e['steady_s']:.1f} | {e['overhead_s']:.1f} | "
                          + " | ".join(f"{e['parts'][p]:.1f}" for p in PARTS) + " |")
-    pairs = summary["pairs"]
-    lines.append("")
-    if not pairs:
-        lines.append("No run has Adaptive and a fixed CR that both reached the target.")
-        return "\n".join(lines) + "\n"
-    lines += [f"Adaptive against the best fixed CR of each run ({len(pairs)} runs):", "",
-              "| ratio, Adaptive / best fixed | median of the runs | geometric mean |",
-              "|---|---:|---:|",
-              f"| time to the target | {summary['median_time_ratio']:.2f} | "
-              f"{summary['geo_time_ratio']:.2f} |",
-              f"| steady part (every step at its CR's steady price) | "
-              f"{summary['median_steady_ratio']:.2f} | {summary['geo_steady_ratio']:.2f} |", "",
-              "| mean overhead per run (s) | " + " | ".join(PARTS) + " | all |",
-              "|---|" + "---:|" * (len(PARTS) + 1)]
-    for side, label in (("adaptive_parts_s", "Adaptive"), ("best_parts_s", "best fixed CR")):
-        parts = summary[side]
-        lines.append(f"| {label} | " + " | ".join(f"{parts[p]:.2f}" for p in PARTS)
-                     + f" | {sum(parts.values()):.2f} |")
+    for name, summary in summaries:
+        pairs = summary["pairs"]
+        lines.append("")
+        if not pairs:
+            lines.append(f"No run has {name} and a fixed CR that both reached the target.")
+            continue
+        lines += [f"{name} against the best fixed CR of each run ({len(pairs)} runs):", "",
+                  f"| ratio, {name} / best fixed | median of the runs | geometric mean |",
+                  "|---|---:|---:|",
+                  f"| time to the target | {summary['median_time_ratio']:.2f} | "
+                  f"{summary['geo_time_ratio']:.2f} |",
+                  f"| steady part (every step at its CR's steady price) | "
+                  f"{summary['median_steady_ratio']:.2f} | {summary['geo_steady_ratio']:.2f} |",
+                  "", "| mean overhead per run (s) | " + " | ".join(PARTS) + " | all |",
+                  "|---|" + "---:|" * (len(PARTS) + 1)]
+        for side, label in (("adaptive_parts_s", name), ("best_parts_s", "best fixed CR")):
+            parts = summary[side]
+            lines.append(f"| {label} | " + " | ".join(f"{parts[p]:.2f}" for p in PARTS)
+                         + f" | {sum(parts.values()):.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -337,7 +350,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--smoothed", action="store_true",
                     help="up to the smoothed target instead of the first evaluation over it")
     ap.add_argument("--out", help="also write the markdown to this file")
-    ap.add_argument("--plot", metavar="PNG", help="also plot each run's two ratios (see plot())")
+    ap.add_argument("--plot", metavar="PNG",
+                    help="also plot each run's two ratios (see plot(); the first Adaptive's)")
     args = ap.parse_args(argv)
     try:
         runs = load_runs(args.dirs)
@@ -345,8 +359,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(str(exc))
     per_run = [(label, run_budgets(result, args.smoothed)) for label, result in runs]
     ruler = "smoothed target" if args.smoothed else "target"
-    summary = compare(per_run)
-    md = markdown(per_run, summary, ruler)
+    names = adaptive_names(per_run)
+    summaries = ([(name, compare(per_run, name)) for name in names] if len(names) > 1
+                 else [("Adaptive", compare(per_run))])
+    summary = summaries[0][1]
+    md = markdown(per_run, summaries, ruler)
     print(md)
     if args.out:
         with open(args.out, "w") as fh:

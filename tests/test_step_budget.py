@@ -84,7 +84,13 @@ def test_compare_takes_each_runs_fastest_fixed_cr():
     assert got["median_time_ratio"] == pytest.approx((50 / 45 + 30 / 40) / 2)
     assert got["geo_steady_ratio"] == pytest.approx(((40 / 44) * (27 / 36)) ** 0.5)
     assert got["adaptive_parts_s"]["rest"] == pytest.approx((10 + 3) / 2)
-    assert "2 runs" in sb.markdown(runs, got, "target")
+    assert "Adaptive against the best fixed CR of each run (2 runs)" in sb.markdown(
+        runs, [("Adaptive", got)], "target")
+    ab = [("a", [entry("adaptive", 50.0, 40.0) | {"name": "A"},
+                 entry("adaptive", 40.0, 38.0) | {"name": "B"}, entry("ag", 45.0, 44.0)])]
+    assert sb.adaptive_names(ab) == ["A", "B"]
+    assert sb.compare(ab, "B")["median_time_ratio"] == pytest.approx(40 / 45)
+    assert sb.compare(ab)["median_time_ratio"] == pytest.approx(50 / 45)  # the first
 
 
 def test_the_command_line_reads_saved_runs(tmp_path, capsys):
