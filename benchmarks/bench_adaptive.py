@@ -1101,12 +1101,10 @@ def seeds_plot(summary: dict[str, Any], path: str) -> None:
 POOL_FREE_SETTINGS = ("seed",)
 
 
-def load_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
+def read_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
     """Every ``seed*/adaptive.json`` under each of ``dirs``, re-summarised (:func:`resummarize`),
-    in seed order, each with ``source`` (the directory it came from). Pools runs of one setting:
-    raises ``ValueError`` naming the directory and the settings when a run's settings differ
-    from the first's (other than :data:`POOL_FREE_SETTINGS`), when a seed appears twice, or when
-    a directory holds no run."""
+    in the order of ``dirs`` and of the seed directories' names, each with ``source`` (the
+    directory it came from). Raises ``ValueError`` naming a directory that holds no run."""
     results: list[dict[str, Any]] = []
     for d in dirs:
         found = sorted(glob.glob(os.path.join(d, "seed*", "adaptive.json")))
@@ -1117,6 +1115,15 @@ def load_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
                 res = resummarize(json.load(fh))
             res["source"] = d
             results.append(res)
+    return results
+
+
+def load_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
+    """Every ``seed*/adaptive.json`` under each of ``dirs`` (:func:`read_seed_runs`), in seed
+    order. Pools runs of one setting: raises ``ValueError`` naming the directory and the
+    settings when a run's settings differ from the first's (other than
+    :data:`POOL_FREE_SETTINGS`), when a seed appears twice, or when a directory holds no run."""
+    results = read_seed_runs(dirs)
 
     def setting(res: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in res["settings"].items() if k not in POOL_FREE_SETTINGS}

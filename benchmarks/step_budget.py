@@ -36,8 +36,6 @@ of two)::
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import math
 import os
 import statistics
@@ -49,7 +47,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.bench_adaptive import STALL_FACTOR, resummarize  # noqa: E402
+from benchmarks.bench_adaptive import STALL_FACTOR, read_seed_runs  # noqa: E402
 
 #: Steady steps a CR needs for a price of its own.
 MIN_STEADY = 5
@@ -325,22 +323,13 @@ def plot(summary: dict[str, Any], path: str, ruler: str) -> None:
     plt.close(fig)
 
 
-def load_runs(dirs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+def load_runs(dirs: list[str]) -> list[tuple[str, dict[str, Any]]]:
     """``(label, resummarised result)`` of every ``seed*/adaptive.json`` under each of ``dirs``
     (label: the directory's name and the seed). Raises ValueError naming a directory without
     one. Runs of different library versions may be mixed: each seed is compared within its own
     run only."""
-    out = []
-    for d in dirs:
-        found = sorted(glob.glob(os.path.join(d, "seed*", "adaptive.json")))
-        if not found:
-            raise ValueError(f"no seed*/adaptive.json under {d!r}")
-        for path in found:
-            with open(path) as fh:
-                result = resummarize(json.load(fh))
-            out.append((f"{os.path.basename(os.path.normpath(d))} seed {result['settings']['seed']}",
-                        result))
-    return out
+    return [(f"{os.path.basename(os.path.normpath(res['source']))} seed "
+             f"{res['settings']['seed']}", res) for res in read_seed_runs(dirs)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
