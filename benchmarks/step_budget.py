@@ -19,8 +19,8 @@ splits each method's training time up to the target into
   the first steps at the first solved CR; for a fixed CR its first two steps), ``network
   change`` (the steps from a network change to the first steady step after it), ``spans``
   (span steps and the step after each span), ``probes`` (later steps that held a probe), ``CR
-  changes`` (the first step at a new CR and the two before it, which run while its
-  announcement is in flight), ``stalls`` (any other step over :data:`STALL_FACTOR` times its
+  changes`` (the first step at a new CR and the ``ANNOUNCE_LAG_STEPS`` before it, which run
+  while its announcement is in flight), ``stalls`` (any other step over :data:`STALL_FACTOR` times its
   price: a TCP retransmission timeout, a starved process) and ``rest`` (step-to-step noise
   about the median; it can be negative).
 
@@ -48,14 +48,12 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.bench_adaptive import STALL_FACTOR, read_seed_runs  # noqa: E402
+from hvd_flexcomm.adaptive import ANNOUNCE_LAG_STEPS  # noqa: E402
 
 #: Steady steps a CR needs for a price of its own.
 MIN_STEADY = 5
 #: Where overhead arises, in the order a step is classified (the first that applies).
 PARTS = ("start-up", "network change", "spans", "probes", "CR changes", "stalls", "rest")
-#: Steps before a CR change that count towards it (its announcement's broadcast is in flight
-#: then: ``hvd_flexcomm.adaptive.ANNOUNCE_LAG_STEPS``).
-ANNOUNCE_STEPS = 2
 
 
 def _flags(per_step: dict[str, list], n: int) -> tuple[list, list[bool], list[float]]:
@@ -110,10 +108,11 @@ def phases(n_steps: int, change_step: Optional[int]) -> list[int]:
     return [int(change_step is not None and i >= change_step) for i in range(n_steps)]
 
 
-def _steady_price(per_step: dict[str, list], n_steps: int, change_step: Optional[int],
-                  min_steady: int) -> tuple[dict[tuple, float], list[bool]]:
-    """``({(phase, cr): ms}, steady)``: the median of each CR's steady steps on each network
-    (CRs with ``min_steady`` of them), and which steps are steady ones that made a price."""
+def _priced(per_step: dict[str, list], n_steps: int, change_step: Optional[int],
+            min_steady: int) -> Optional[dict[str, list]]:
+    """The first ``n_steps`` steps' ``ms``, ``spans``, ``probes``, CR ``in_use``, network
+    ``phase``, ``steady`` (a steady step whose CR made a price) and ``prices`` (see
+    :func:`step_prices`), or None when no CR has ``min_steady`` steady steps."""
     crs, spans, probes = _flags(per_step, n_steps)
     ms = per_step["ms"][:n_steps]
     phase = phases(len(ms), change_step)
@@ -125,7 +124,15 @@ def _steady_price(per_step: dict[str, list], n_steps: int, change_step: Optional
         if steady[i]:
             samples.setdefault((phase[i], crs[i]), []).append(ms[i])
     price = {key: statistics.median(v) for key, v in samples.items() if len(v) >= min_steady}
-    return price, [s and (phase[i], crs[i]) in price for i, s in enumerate(steady)]
+    if not price:
+        return None
+    in_use = cr_in_use(crs, spans)
+    prices: list[Optional[float]] = []
+    for ph in sorted(set(phase)):
+        prices += _fill([price.get((ph, c)) for c, p in zip(in_use, phase) if p == ph])
+    return {"ms": ms, "spans": spans, "probes": probes, "in_use": in_use, "phase": phase,
+            "steady": [s and (phase[i], crs[i]) in price for i, s in enumerate(steady)],
+            "prices": [float(p) for p in _fill(prices)]}  # type: ignore[arg-type]
 
 
 def step_prices(per_step: dict[str, list], n_steps: int, change_step: Optional[int] = None,
@@ -134,16 +141,8 @@ def step_prices(per_step: dict[str, list], n_steps: int, change_step: Optional[i
     None when no CR of the run has ``min_steady`` steady steps. With a network change
     (``change_step``: the first step on the new network) the steps on each network are priced
     by that network's steady steps (a network without a priced CR borrows the other's)."""
-    price, _ = _steady_price(per_step, n_steps, change_step, min_steady)
-    if not price:
-        return None
-    crs, spans, _ = _flags(per_step, n_steps)
-    in_use = cr_in_use(crs, spans)
-    phase = phases(len(crs), change_step)
-    out: list[Optional[float]] = []
-    for ph in sorted(set(phase)):
-        out += _fill([price.get((ph, c)) for c, p in zip(in_use, phase) if p == ph])
-    return [float(p) for p in _fill(out)]  # type: ignore[arg-type]
+    run = _priced(per_step, n_steps, change_step, min_steady)
+    return None if run is None else run["prices"]
 
 
 def budget(per_step: dict[str, list], n_steps: int, change_step: Optional[int] = None,
@@ -152,19 +151,16 @@ def budget(per_step: dict[str, list], n_steps: int, change_step: Optional[int] =
     ``n_steps`` steps (the parts sum to ``overhead_s`` = ``time_s - steady_s``), or None when
     the steps cannot be priced (:func:`step_prices`). ``change_step``: the first step on a new
     network (the steps from it to the first steady step after it count as ``network change``)."""
-    prices = step_prices(per_step, n_steps, change_step, min_steady)
-    if prices is None:
+    run = _priced(per_step, n_steps, change_step, min_steady)
+    if run is None:
         return None
-    crs, spans, probes = _flags(per_step, n_steps)
-    ms = per_step["ms"][:n_steps]
-    in_use = cr_in_use(crs, spans)
-    _, steady = _steady_price(per_step, n_steps, change_step, min_steady)
-    phase = phases(len(ms), change_step)
+    ms, spans, probes, in_use, phase, steady, prices = (
+        run[k] for k in ("ms", "spans", "probes", "in_use", "phase", "steady", "prices"))
     first_steady = steady.index(True) if any(steady) else len(ms)
     settled = next((i for i in range(len(ms)) if steady[i] and phase[i]),
                    len(ms))  # the first steady step on the new network
     changes = {i for i in range(1, len(ms)) if in_use[i] != in_use[i - 1]}
-    near_change = {j for i in changes for j in range(i - ANNOUNCE_STEPS, i + 1)}
+    near_change = {j for i in changes for j in range(i - ANNOUNCE_LAG_STEPS, i + 1)}
     parts = dict.fromkeys(PARTS, 0.0)
     for i, (t, p) in enumerate(zip(ms, prices)):
         if i < first_steady:
