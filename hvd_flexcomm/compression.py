@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["Adaptive", "Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS", "validate_cr"]
+__all__ = ["Adaptive", "Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS", "starting_cr",
+           "validate_cr"]
 
 #: Root-selection policies of AR-Topk.
 SELECTORS = ("star", "var")
@@ -282,6 +283,24 @@ def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
 
 #: Candidate CRs of the paper (0.1 / 3^i, rounded as published).
 DEFAULT_CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)
+
+
+def starting_cr(c_low: float, c_high: float) -> float:
+    """Adaptive's default starting CR: the geometric centre ``sqrt(c_low·c_high)`` of the range
+    the solver searches, to four significant digits (what an announced CR is rounded to), so
+    that it reads and compares the same on every rank. Invariant: ``c_low <= result <= c_high``
+    for ``0 < c_low <= c_high <= 1``; a ValueError naming a bad end otherwise. Pure function."""
+    for name, value in (("c_low", c_low), ("c_high", c_high)):
+        try:
+            validate_cr(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a CR in (0, 1], got {value!r}") from None
+    lo, hi = float(c_low), float(c_high)
+    if not lo <= hi:
+        raise ValueError(f"need c_low <= c_high, got c_low={c_low!r}, c_high={c_high!r}")
+    return min(hi, max(lo, float(f"{math.sqrt(lo * hi):.4g}")))
+
+
 TIME_SCALES = ("step", "front", "tta")  # Adaptive.time_scale: see moo.normalise_front, moo.PICKS
 
 
@@ -306,7 +325,16 @@ class Adaptive(Flexible):
     is in use 3 steps after it is ready (the flag rides in the step payload, so waiting costs
     nothing).
 
-    - ``cr``: the CR used right after warm-up, until the first optimisation (default ``c_high``).
+    - ``cr``: the CR used right after warm-up, until the first optimisation. Default: the
+      geometric centre of ``[c_low, c_high]``, ``sqrt(c_low·c_high)`` to four significant
+      digits (0.01 for the defaults; :func:`starting_cr`). Before the first solve nothing is
+      known of the network or the gains, and the centre in ``log c`` is at most
+      ``sqrt(c_high/c_low)`` (10x) from any CR the solver can pick, where either end is up to
+      ``c_high/c_low`` (100x) from it. The default was ``c_high`` until 2026-12-06: at 100
+      Mbit/s, 5 ms one way and N=4 its steps before the first solved CR was in force (steps
+      0-4) cost 400-500 ms each against 120-170 ms at the CR then picked, about 1.3 s of a
+      start-up of 4 s (``docs/performance/adaptive_step_budget.md``); on a latency-bound link,
+      where the pick is ``c_high``, a lower CR costs a step about as much.
     - ``candidates``: the CRs whose gains are measured (at least two different ones); they must
       cover ``[c_low, c_high]``, the range the solver searches (the gain curve is fitted over
       them and not extrapolated).
@@ -416,7 +444,7 @@ class Adaptive(Flexible):
       steps) and the steps at the CR in use check the model afterwards.
     """
 
-    cr: float = 0.1
+    cr: Optional[float] = None  # None: starting_cr(c_low, c_high), set in __post_init__
     candidates: tuple = DEFAULT_CANDIDATES
     c_low: float = 0.001
     c_high: float = 0.1
@@ -441,6 +469,8 @@ class Adaptive(Flexible):
     reprobe_by: str = "probes"
 
     def __post_init__(self) -> None:
+        if self.cr is None:
+            object.__setattr__(self, "cr", starting_cr(self.c_low, self.c_high))
         super().__post_init__()
         if self.reprobe_by != "probes":
             raise ValueError(f"Adaptive re-measures by probes and span steps only (its candidate "

@@ -527,6 +527,27 @@ def test_adaptive_rejects_bad_settings(kwargs, needle):
         Adaptive(**kwargs)
 
 
+def test_starting_cr_is_the_geometric_centre_of_the_searched_range():
+    """Without ``cr`` Adaptive starts at ``sqrt(c_low·c_high)`` to four significant digits (0.01
+    for the defaults, 10x from either end); an explicit ``cr`` is kept as given; bad ends are
+    named."""
+    from hvd_flexcomm.compression import starting_cr
+
+    assert Adaptive().cr == 0.01 and Adaptive(cr=0.1).cr == 0.1
+    assert Adaptive(c_low=0.004, c_high=0.1).cr == 0.02  # sqrt(4e-4)
+    assert Adaptive(c_low=0.004, candidates=(0.1, 0.033, 0.011, 0.004)).cr == 0.02
+    assert Adaptive(c_high=0.033).cr == 0.005745  # sqrt(3.3e-5) = 0.0057446..., 4 digits
+    assert starting_cr(0.02, 0.02) == 0.02
+    for lo, hi in [(0.001, 0.1), (0.0003, 0.7), (1e-6, 1.0), (0.0049, 0.005)]:
+        assert lo <= starting_cr(lo, hi) <= hi
+    with pytest.raises(ValueError, match="c_low must be a CR in \\(0, 1\\], got 0"):
+        starting_cr(0, 0.1)
+    with pytest.raises(ValueError, match="c_high must be a CR.*'x'"):
+        starting_cr(0.001, "x")
+    with pytest.raises(ValueError, match="c_low <= c_high.*c_low=0.5"):
+        starting_cr(0.5, 0.1)
+
+
 def test_announcements_run_only_when_rank0_flags_a_finished_solve():
     """Broadcasts happen at multiples of ``sync_every`` and only with the announce flag set (the
     channel is replaced by a recorder here; the multi-process tests use the real one)."""
