@@ -333,8 +333,10 @@ class Adaptive(Flexible):
       ``c_high/c_low`` (100x) from it. The default was ``c_high`` until 2026-12-06: at 100
       Mbit/s, 5 ms one way and N=4 its steps before the first solved CR was in force (steps
       0-4) cost 400-500 ms each against 120-170 ms at the CR then picked, about 1.3 s of a
-      start-up of 4 s (``docs/performance/adaptive_step_budget.md``); on a latency-bound link,
-      where the pick is ``c_high``, a lower CR costs a step about as much.
+      start-up of 4 s (``docs/performance/adaptive_step_budget.md``). In an A/B in one run the
+      start-up was 1.4 s shorter there in every seed; on a 25 ms link, where the first pick is
+      near ``c_high`` and a CR change costs about 1 s, 1.5 s longer (a change at step 5 that
+      ``c_high`` did not need); the times to the target tied both times.
     - ``candidates``: the CRs whose gains are measured (at least two different ones); they must
       cover ``[c_low, c_high]``, the range the solver searches (the gain curve is fitted over
       them and not extrapolated).
