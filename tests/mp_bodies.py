@@ -460,9 +460,14 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
     crs, paths, spans, colds, probes, step_end = [], [], [], [], [], []
     ctrl = opt._flex_adaptive
     step = 0
-    # a fixed number of steps, then on until the solver's CR is announced (a busy machine may
-    # need longer); ``ctrl.changes`` is the same list on every rank, so every rank stops together
-    while step < steps or (not ctrl.changes and step < 40 * steps):
+    # a fixed number of steps, then on until the solver's CR is announced and has run one route
+    # step (a busy machine may need longer; the step a CR takes effect at can be a span step,
+    # which runs at an end of the candidates under names of its own); ``ctrl.changes`` and the
+    # span flags are the same on every rank, so every rank stops together
+    def solved_cr_ran() -> bool:
+        return bool(ctrl.changes) and not all(spans[ctrl.changes[0][0]:])
+
+    while step < steps or (not solved_cr_ran() and step < 40 * steps):
         x, y = _batch(step, hvd.rank(), n=64)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
