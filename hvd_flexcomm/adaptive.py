@@ -46,7 +46,7 @@ import torch
 
 from .compression import Adaptive
 from .gains import GainTracker, gains_at_crs
-from .moo import Curve, MooResult, fit_comm_curve, preload, solve_cr
+from .moo import Curve, MooResult, fit_comm_curve, pick_on_grid, preload, solve_cr
 from .topk import TopkWorkspace
 
 __all__ = ["ANNOUNCE_LAG_STEPS", "RECALIBRATED_MIN_INTERVAL", "AdaptiveController",
@@ -153,6 +153,10 @@ class AdaptiveController:
         #: rank 0: recent steps' compression time (ms) per CR, see :meth:`note_compress_ms`
         self.compress_samples_ms: dict[float, deque] = {}
         self.failed = False
+        #: every rank: the chance to pick the first CR at the start-up probe was taken (or
+        #: passed: a warm-up, an explicit ``cr``); see :meth:`starts_probe_pick`
+        self.probe_pick_done = False
+        self._gains_step: Optional[int] = None  # rank 0: the step whose gains were measured
         self.n_announcements = 0  # broadcasts run (every rank counts the same)
         self.last_announce_step: Optional[int] = None
         #: rank 0: solved CRs not announced (within min_cr_change of the CR, or predicted to
@@ -293,6 +297,75 @@ class AdaptiveController:
             return None
         return cr
 
+    # -- the first CR, picked at the start-up probe ------------------------------------------
+    def starts_probe_pick(self, step: int) -> bool:
+        """Called before a full probe at ``step`` (every rank alike): whether the probe picks the
+        first CR (``Adaptive(cr=None)``, its first full probe, at or after the end of warm-up).
+        The first full probe takes the chance either way: a later one (after drift, spans off)
+        never picks. Pure function of settings and shared state."""
+        if self.probe_pick_done:
+            return False
+        self.probe_pick_done = True
+        return self.mode.first_cr_from_probe and step >= self.mode.warmup_steps
+
+    def probe_share(self, step: int, error_fed: Callable[[], torch.Tensor],
+                    other_ms: Optional[float]) -> list[float]:
+        """What this rank adds to its row of the start-up probe's timings allgather for the
+        first pick (:meth:`pick_from_probe`): rank 0, ``[other_ms, gain at each candidate]``
+        (its time outside communication before this step, ms, NaN when not measured; the gains
+        from ``error_fed()``, this step's error-fed gradient, also folded into the tracker);
+        every other rank, zeros of the same length (only rank 0's row is read)."""
+        if self.rank != 0:
+            return [0.0] * (1 + len(self.mode.candidates))
+        gains = gains_at_crs(error_fed(), self.mode.candidates, self.workspace)
+        self.tracker.update(gains)
+        self._gains_step = step
+        return [math.nan if other_ms is None else float(other_ms), *gains]
+
+    def pick_from_probe(self, step: int, shared: Sequence[float]) -> Optional[float]:
+        """Every rank, right after the start-up probe: the first CR from rank 0's ``shared`` row
+        (:meth:`probe_share`) and the freshly calibrated cost model, by the solver's pick on a
+        grid (:func:`~hvd_flexcomm.moo.pick_on_grid`), rounded as an announced CR. The same
+        numbers on every rank give the same CR, so it takes effect at ``step`` without a
+        broadcast. None (the run keeps ``mode.cr`` until the first solve, which then waits for
+        a measured step) when rank 0's time outside communication was not measured or a gain is
+        not finite. On rank 0 the pick counts as the first optimisation (``solves``,
+        ``last_result``; the triggers count from it)."""
+        mode = self.mode
+        other = float(shared[0])
+        gains = [float(g) for g in shared[1:1 + len(mode.candidates)]]
+        if not (math.isfinite(other) and other >= 0 and all(math.isfinite(g) for g in gains)):
+            log.info("hvd_flexcomm: step %d: no pick at the start-up probe (rank 0's %s); cr=%g "
+                     "until the first optimisation", step,
+                     "time outside communication was not measured" if not math.isfinite(other)
+                     else "gradient is not finite", mode.cr)
+            return None
+        crs = list(mode.candidates)
+        start = time.perf_counter()
+        predicted = [self.predict_ms(c) for c in crs]
+        comm_ms = [min(p.values()) for p in predicted]
+        other_ms = None if mode.time_scale == "front" else other
+        result = pick_on_grid(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
+                              other_ms=other_ms, pick="tta" if mode.time_scale == "tta" else "asf",
+                              current_cr=mode.cr)
+        cr = _round_cr(result.cr)
+        self.cr = self.announced_cr = cr
+        self.last_result = result
+        self.last_submit_step = step
+        self.last_other_ms = other_ms
+        self.last_model_version = self.model_version()
+        if self.rank == 0:
+            self.tracker.mark_reference()
+            self.solves.append({"step": step, "reason": "start-up probe", "start": start,
+                                "end": time.perf_counter(), "crs": crs, "comm_ms": comm_ms,
+                                "compress_ms": None, "paths": [min(p, key=p.get) for p in predicted],
+                                "gains": gains, "other_ms": other_ms, "cr": result.cr,
+                                "current_cr": mode.cr, "current_excess": result.current_excess})
+            log.info("hvd_flexcomm: step %d: first CR from the start-up probe (rank 0's gains and "
+                     "%.1f ms outside communication; time objective: predicted communication): "
+                     "%s", step, other, result.explain())
+        return cr
+
     def note_other_ms(self, ms: float) -> None:
         """Rank 0: one step's time outside communication (ms): from the end of the previous
         step's synchronisation to the start of this one's (forward, backward, optimizer update,
@@ -340,7 +413,7 @@ class AdaptiveController:
         mode = self.mode
         if self.rank != 0 or step < mode.warmup_steps or error_fed is None:
             return
-        if step % mode.gain_every == 0:
+        if step % mode.gain_every == 0 and step != self._gains_step:  # not twice (probe_share)
             self.tracker.update(gains_at_crs(error_fed, mode.candidates, self.workspace))
         reason = self._trigger(step)
         if reason:
@@ -454,6 +527,7 @@ class AdaptiveController:
                 "last_announce_step": self.last_announce_step,
                 "announcement_in_flight": self._announcement_in_flight(),
                 "n_announcements": self.n_announcements, "n_kept": self.n_kept,
+                "probe_pick_done": self.probe_pick_done,
                 "last_result": None if r is None else {"cr": r.cr, "time_ms": r.time_ms,
                                                        "gain": r.gain, "curves": r.curves,
                                                        "front": r.front, "other_ms": r.other_ms,
@@ -480,3 +554,4 @@ class AdaptiveController:
             self.announce_effective_step = int(in_flight[0])
         self.n_announcements = int(state.get("n_announcements", 0))
         self.n_kept = int(state.get("n_kept", 0))
+        self.probe_pick_done = bool(state.get("probe_pick_done", True))  # a resumed run started

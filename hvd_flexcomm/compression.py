@@ -325,18 +325,26 @@ class Adaptive(Flexible):
     is in use 3 steps after it is ready (the flag rides in the step payload, so waiting costs
     nothing).
 
-    - ``cr``: the CR used right after warm-up, until the first optimisation. Default: the
-      geometric centre of ``[c_low, c_high]``, ``sqrt(c_low·c_high)`` to four significant
-      digits (0.01 for the defaults; :func:`starting_cr`). Before the first solve nothing is
-      known of the network or the gains, and the centre in ``log c`` is at most
-      ``sqrt(c_high/c_low)`` (10x) from any CR the solver can pick, where either end is up to
-      ``c_high/c_low`` (100x) from it. The default was ``c_high`` until 2026-12-06: at 100
-      Mbit/s, 5 ms one way and N=4 its steps before the first solved CR was in force (steps
-      0-4) cost 400-500 ms each against 120-170 ms at the CR then picked, about 1.3 s of a
-      start-up of 4 s (``docs/performance/adaptive_step_budget.md``). In an A/B in one run the
-      start-up was 1.4 s shorter there in every seed; on a 25 ms link, where the first pick is
-      near ``c_high`` and a CR change costs about 1 s, 1.5 s longer (a change at step 5 that
-      ``c_high`` did not need); the times to the target tied both times.
+    - ``cr``: the starting CR. Default (None): **picked at the start-up probe**, before step
+      0's collectives: rank 0 measures every candidate's gain from step 0's error-fed gradient
+      and its time outside communication (from the last ``zero_grad()`` before step 0's
+      ``synchronize()``, or the backward pass's since its first gradient hook), sends them in
+      its row of the allgather that already combines the probe's timings over ranks, and every
+      rank makes the same pick from the same numbers: the solver's pick on the same fitted
+      curves, evaluated on a grid of CRs instead of by NSGA-II
+      (:func:`~hvd_flexcomm.moo.pick_on_grid`; milliseconds, no random numbers). No step runs
+      at a guessed CR, no first announcement, no CR change a few steps in, and no solve in the
+      background during the first steps (its thread shares rank 0's cores with training). The
+      next solve (NSGA-II, on rank 0) follows the triggers below. If rank 0's gradient is not
+      finite there, or a warm-up runs (the probe then comes during the ramp), the run starts at
+      :func:`starting_cr`, the geometric centre ``sqrt(c_low·c_high)`` of the range (0.01 for
+      the defaults), until the first solve, as an explicit ``cr`` does: an explicit ``cr`` is
+      used right after warm-up until the first optimisation (after one measured step). Before
+      2026-12-06 the start was ``c_high``, then (fca9ec1) ``starting_cr``: at 100 Mbit/s, 5 ms
+      one way and N=4 the four steps at ``c_high`` before the first solved CR was in force
+      cost 400-500 ms each against 120-170 ms at the CR then picked; on a 25 ms link, where
+      the first pick is near ``c_high``, ``starting_cr`` cost a change at step 5 (about 1 s
+      there) (``docs/performance/adaptive_step_budget.md``).
     - ``candidates``: the CRs whose gains are measured (at least two different ones); they must
       cover ``[c_low, c_high]``, the range the solver searches (the gain curve is fitted over
       them and not extrapolated).
@@ -469,8 +477,12 @@ class Adaptive(Flexible):
     span_settle_steps: int = 4
     probe_repeats: int = 1
     reprobe_by: str = "probes"
+    #: True when ``cr`` was not given: the first CR is picked at the start-up probe (see ``cr``);
+    #: ``cr`` then holds :func:`starting_cr`, the fallback. Set from ``cr``, not an argument.
+    first_cr_from_probe: bool = dataclasses.field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "first_cr_from_probe", self.cr is None)
         if self.cr is None:
             object.__setattr__(self, "cr", starting_cr(self.c_low, self.c_high))
         super().__post_init__()
@@ -509,6 +521,7 @@ class Adaptive(Flexible):
             raise ValueError(f"time_scale must be one of {TIME_SCALES}, got {self.time_scale!r}")
 
     def describe(self) -> str:
-        return (f"Adaptive(cr={self.cr:g}, c_low={self.c_low:g}, c_high={self.c_high:g}, "
+        cr = f"from the start-up probe, else {self.cr:g}" if self.first_cr_from_probe else f"{self.cr:g}"
+        return (f"Adaptive(cr={cr}, c_low={self.c_low:g}, c_high={self.c_high:g}, "
                 f"weights={self.weights}, warmup_steps={self.warmup_steps}, "
                 f"time_scale={self.time_scale!r}, selector={self.selector!r})")

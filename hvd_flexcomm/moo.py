@@ -54,8 +54,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["PICKS", "Curve", "MooResult", "fit_comm_curve", "fit_gain_curve", "normalise_front",
-           "preload", "solve_cr", "tta_excess", "tta_objectives"]
+__all__ = ["GRID_POINTS", "PICKS", "Curve", "MooResult", "fit_comm_curve", "fit_gain_curve",
+           "normalise_front", "pick_on_grid", "preload", "solve_cr", "tta_excess", "tta_objectives"]
 
 _FIT_TOLERANCE = 0.25
 #: How :func:`solve_cr` picks one point of the front: ASF on the normalised front (the paper's),
@@ -219,26 +219,7 @@ def tta_excess(time_ms: tuple, inverse_gain: tuple, other_ms: float, weights: tu
     return math.exp((objective[0] - objective[1]) / w[0]) - 1.0
 
 
-def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
-             c_low: float, c_high: float, weights: tuple = (0.6, 0.4), pop_size: int = 40,
-             n_gen: int = 40, seed: int = 1, other_ms: Optional[float] = None,
-             pick: str = "asf", current_cr: Optional[float] = None) -> MooResult:
-    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves, then one point of the front:
-    ``pick="asf"``, the ASF with ``weights`` on the front normalised by :func:`normalise_front`
-    (``other_ms``: the step's time outside communication, ms, or None for the paper's
-    normalisation); ``pick="tta"``, the least weighted sum of :func:`tta_objectives` (needs
-    ``other_ms``). ``current_cr``: the CR in use; with ``pick="tta"`` and ``current_cr`` within
-    the bounds, the result says by what fraction keeping it would lengthen the time to accuracy
-    (``current_excess``, :func:`tta_excess` of the fitted curves at both CRs)."""
-    from pymoo.algorithms.moo.nsga2 import NSGA2
-    from pymoo.core.problem import Problem
-    from pymoo.decomposition.asf import ASF
-    from pymoo.decomposition.weighted_sum import WeightedSum
-    from pymoo.operators.crossover.sbx import SBX
-    from pymoo.operators.mutation.pm import PM
-    from pymoo.operators.sampling.rnd import FloatRandomSampling
-    from pymoo.optimize import minimize
-
+def _check_pick(c_low: float, c_high: float, other_ms: Optional[float], pick: str) -> None:
     if not 0 < c_low < c_high <= 1:
         raise ValueError(f"need 0 < c_low < c_high <= 1, got {c_low}, {c_high}")
     _check_other_ms(other_ms)
@@ -246,22 +227,21 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
         raise ValueError(f"pick must be one of {PICKS}, got {pick!r}")
     if pick == "tta" and other_ms is None:
         raise ValueError("pick='tta' needs other_ms (the step's time outside communication, ms)")
-    time_curve = fit_comm_curve(crs, comm_ms)
-    gain_curve = fit_gain_curve(crs, gains)
 
-    class _Problem(Problem):
-        def __init__(self) -> None:
-            super().__init__(n_var=1, n_obj=2, xl=np.array([c_low]), xu=np.array([c_high]))
 
-        def _evaluate(self, x, out, *args, **kwargs):
-            c = x[:, 0]
-            out["F"] = np.column_stack([time_curve(c), 1.0 / np.maximum(gain_curve(c), 1e-9)])
+def _objectives(time_curve: Curve, gain_curve: Curve, c: np.ndarray) -> np.ndarray:
+    """Rows ``(time ms, 1/gain)`` of the CRs ``c``: the two objectives."""
+    return np.column_stack([time_curve(c), 1.0 / np.maximum(gain_curve(c), 1e-9)])
 
-    algorithm = NSGA2(pop_size=pop_size, n_offsprings=max(2, pop_size // 4),
-                      sampling=FloatRandomSampling(), crossover=SBX(prob=0.9, eta=15),
-                      mutation=PM(eta=20), eliminate_duplicates=True)
-    res = minimize(_Problem(), algorithm, ("n_gen", n_gen), seed=seed, verbose=False)
-    X, F = np.atleast_2d(res.X).reshape(-1, 1), np.atleast_2d(res.F)
+
+def _pick_point(X: np.ndarray, F: np.ndarray, time_curve: Curve, gain_curve: Curve,
+                c_low: float, c_high: float, weights: tuple, other_ms: Optional[float], pick: str,
+                current_cr: Optional[float]) -> MooResult:
+    """One point of the front ``(X, F)`` (CRs, objective rows) by ``pick`` (see :func:`solve_cr`),
+    as a :class:`MooResult`."""
+    from pymoo.decomposition.asf import ASF
+    from pymoo.decomposition.weighted_sum import WeightedSum
+
     w = np.asarray(weights, dtype=np.float64)
     if pick == "tta":
         chosen = int(WeightedSum().do(tta_objectives(F, other_ms), w).argmin())
@@ -280,3 +260,81 @@ def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[flo
                      curves={"time": time_curve.kind, "gain": gain_curve.kind},
                      weights=tuple(weights), other_ms=other_ms, pick=pick,
                      current_cr=current_cr, current_excess=excess)
+
+
+def solve_cr(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
+             c_low: float, c_high: float, weights: tuple = (0.6, 0.4), pop_size: int = 40,
+             n_gen: int = 40, seed: int = 1, other_ms: Optional[float] = None,
+             pick: str = "asf", current_cr: Optional[float] = None) -> MooResult:
+    """NSGA-II over ``c in [c_low, c_high]`` on the fitted curves, then one point of the front:
+    ``pick="asf"``, the ASF with ``weights`` on the front normalised by :func:`normalise_front`
+    (``other_ms``: the step's time outside communication, ms, or None for the paper's
+    normalisation); ``pick="tta"``, the least weighted sum of :func:`tta_objectives` (needs
+    ``other_ms``). ``current_cr``: the CR in use; with ``pick="tta"`` and ``current_cr`` within
+    the bounds, the result says by what fraction keeping it would lengthen the time to accuracy
+    (``current_excess``, :func:`tta_excess` of the fitted curves at both CRs)."""
+    from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.core.problem import Problem
+    from pymoo.operators.crossover.sbx import SBX
+    from pymoo.operators.mutation.pm import PM
+    from pymoo.operators.sampling.rnd import FloatRandomSampling
+    from pymoo.optimize import minimize
+
+    _check_pick(c_low, c_high, other_ms, pick)
+    time_curve = fit_comm_curve(crs, comm_ms)
+    gain_curve = fit_gain_curve(crs, gains)
+
+    class _Problem(Problem):
+        def __init__(self) -> None:
+            super().__init__(n_var=1, n_obj=2, xl=np.array([c_low]), xu=np.array([c_high]))
+
+        def _evaluate(self, x, out, *args, **kwargs):
+            out["F"] = _objectives(time_curve, gain_curve, x[:, 0])
+
+    algorithm = NSGA2(pop_size=pop_size, n_offsprings=max(2, pop_size // 4),
+                      sampling=FloatRandomSampling(), crossover=SBX(prob=0.9, eta=15),
+                      mutation=PM(eta=20), eliminate_duplicates=True)
+    res = minimize(_Problem(), algorithm, ("n_gen", n_gen), seed=seed, verbose=False)
+    X, F = np.atleast_2d(res.X).reshape(-1, 1), np.atleast_2d(res.F)
+    return _pick_point(X, F, time_curve, gain_curve, c_low, c_high, weights, other_ms, pick,
+                       current_cr)
+
+
+#: CRs of the grid :func:`pick_on_grid` evaluates, log-spaced over ``[c_low, c_high]``, ends
+#: included: adjacent points 1.2% apart for the default range (a factor 100).
+GRID_POINTS = 401
+
+
+def _non_dominated(F: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``F`` (both objectives minimised) that no other row dominates."""
+    keep = []
+    for i, row in enumerate(F):
+        dominated = np.all(F <= row, axis=1) & np.any(F < row, axis=1)
+        if not dominated.any():
+            keep.append(i)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def pick_on_grid(crs: Sequence[float], comm_ms: Sequence[float], gains: Sequence[float],
+                 c_low: float, c_high: float, weights: tuple = (0.6, 0.4),
+                 other_ms: Optional[float] = None, pick: str = "asf",
+                 current_cr: Optional[float] = None, points: int = GRID_POINTS) -> MooResult:
+    """The point :func:`solve_cr` picks, from the same fitted curves, without the solver: the
+    objectives on ``points`` CRs log-spaced over ``[c_low, c_high]`` (ends included), their
+    non-dominated ones as the front, then the same pick. No randomness and a few milliseconds,
+    so every rank computes the same CR from the same inputs at once (Adaptive's first CR, see
+    ``adaptive.AdaptiveController.pick_from_probe``). The ``"tta"`` pick is a weighted sum of
+    the objectives, whose minimum over the front is its minimum over all ``c``: the grid finds
+    it to within one grid step (about 1.2% in ``c`` over a factor 100). Arguments as
+    :func:`solve_cr`; ``points`` >= 2."""
+    _check_pick(c_low, c_high, other_ms, pick)
+    if points < 2:
+        raise ValueError(f"points must be >= 2, got {points!r}")
+    time_curve = fit_comm_curve(crs, comm_ms)
+    gain_curve = fit_gain_curve(crs, gains)
+    grid = np.exp(np.linspace(math.log(c_low), math.log(c_high), int(points)))
+    grid[0], grid[-1] = c_low, c_high
+    F = _objectives(time_curve, gain_curve, grid)
+    front = _non_dominated(F)
+    return _pick_point(grid[front].reshape(-1, 1), F[front], time_curve, gain_curve, c_low,
+                       c_high, weights, other_ms, pick, current_cr)

@@ -112,6 +112,11 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_probe_ms = 0.0  # probing time spent in the current step
         self._flex_sync_end: Optional[float] = None  # perf_counter s when the last step's sync ended
         self._flex_other_ms: Optional[float] = None  # this step's time outside synchronize (ms)
+        # perf_counter s of the last zero_grad() and of this step's first gradient hook, since
+        # the last synchronize(): before step 0 they time its forward and backward passes
+        self._flex_zero_grad_at: Optional[float] = None
+        self._flex_first_hook_at: Optional[float] = None
+        self._flex_first_other_ms: Optional[float] = None  # that estimate for the first step
         self._flex_probe_kind: Optional[str] = None  # its kind: "full", "drift" or "refresh"
         self.last_stats: dict = {}
         compressor = mode.compressor if isinstance(mode, Dense) else None
@@ -239,6 +244,8 @@ class _FlexMethods(torch.optim.Optimizer):
 
     def _flex_make_hook(self, p):
         def hook(*ignore):
+            if self._flex_first_hook_at is None:
+                self._flex_first_hook_at = time.perf_counter()
             if self._allreduce_delay[p] <= 0:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
@@ -280,6 +287,10 @@ class _FlexMethods(torch.optim.Optimizer):
         sync_start = time.perf_counter()
         self._flex_other_ms = (None if self._flex_sync_end is None
                                else 1e3 * (sync_start - self._flex_sync_end))
+        if self._flex_sync_end is None:  # the first step: forward and backward since zero_grad()
+            began = self._flex_zero_grad_at or self._flex_first_hook_at  # (or backward alone)
+            self._flex_first_other_ms = None if began is None else 1e3 * (sync_start - began)
+        self._flex_zero_grad_at = self._flex_first_hook_at = None
         if self._flex_adaptive is not None:
             if self._flex_other_ms is not None:
                 self._flex_adaptive.note_other_ms(self._flex_other_ms)
@@ -318,18 +329,27 @@ class _FlexMethods(torch.optim.Optimizer):
     def _flex_route(self) -> None:
         """Flexible: run the probes that are due (identically on every rank), then make sure the
         path of this step is decided."""
-        from .probing import run_probes
+        from .probing import run_probes_sharing
 
-        ctrl, cr = self._flex_controller, self._flex_cr
-        self._flex_base_cr = cr
+        ctrl, cr, adaptive = self._flex_controller, self._flex_cr, self._flex_adaptive
         plan, repeats, kind = ctrl.probe_plan(self._flex_step, cr)
         if plan:
+            # Adaptive(cr=None): rank 0's gains and time outside communication ride with the
+            # start-up probe's timings, and every rank picks the first CR from them
+            picking = (adaptive is not None and kind == "full"
+                       and adaptive.starts_probe_pick(self._flex_step))
+            share = adaptive.probe_share(self._flex_step, self._flex_error_fed,
+                                         self._flex_first_other_ms) if picking else ()
             t0 = time.perf_counter()
             warm_up, warmed = ctrl.probe_warm_up(kind)
-            results = run_probes(self._flex_hvd, plan, repeats, self.process_set,
-                                 warmed=warmed, warm_up=warm_up)
+            results, shared = run_probes_sharing(self._flex_hvd, plan, repeats, share,
+                                                 self.process_set, warmed=warmed, warm_up=warm_up)
             spent = 1e3 * (time.perf_counter() - t0)
             ctrl.after_probe(self._flex_step, results, kind, spent)
+            if picking:
+                picked = adaptive.pick_from_probe(self._flex_step, shared[0])
+                if picked is not None:
+                    cr = self._flex_cr = picked
             self._flex_probe_ms, self._flex_probe_kind = spent, kind
             log.info("hvd_flexcomm: step %d: %s probe, %d timings, %.1f ms", self._flex_step,
                      kind, len(results), spent)
@@ -337,6 +357,7 @@ class _FlexMethods(torch.optim.Optimizer):
                 self._flex_control = (0.0,) * CONTROL_SLOTS  # timings before it are stale
                 self._flex_sent = None
                 ctrl.path = None
+        self._flex_base_cr = cr
         if ctrl.path is None or cr != self._flex_routed_cr:
             ctrl.decide(self._flex_step, cr)
             self._flex_routed_cr = cr
@@ -345,6 +366,11 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_cold, self._flex_exploring = (
             ctrl.start_route_step(self._flex_path(), self._flex_cr) if self._flex_role is None
             else (False, False))
+
+    def _flex_error_fed(self) -> torch.Tensor:
+        """The error-fed gradient of the first message as this step will send it (a copy)."""
+        msg = self._flex_messages[0]
+        return msg.flat_grads().add_(msg.residual)
 
     def _flex_after_step(self, outcomes: list[MessageOutcome]) -> None:
         """Flexible: learn from the previous step's timings (minima over ranks, received in this
@@ -428,6 +454,7 @@ class _FlexMethods(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
+        self._flex_zero_grad_at = time.perf_counter()
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import torch
 from .calibration import KINDS
 from .sync import delivered_ms
 
-__all__ = ["run_probes", "BARRIER_BYTES", "barriers_needed", "repeat_counts"]
+__all__ = ["run_probes", "run_probes_sharing", "BARRIER_BYTES", "barriers_needed", "repeat_counts"]
 
 #: Bytes of the allreduce that follows each timed broadcast no allreduce entry of the plan
 #: follows (see the module docstring).
@@ -80,6 +80,15 @@ def _warm_up(hvd: Any, ops: Sequence[tuple[str, str, torch.Tensor]], kw: dict) -
 def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Sequence[int]],
                process_set: Any = None, tag: str = "probe", warmed: Optional[set] = None,
                warm_up: bool = True) -> list[tuple[str, int, float]]:
+    """:func:`run_probes_sharing` with nothing shared: the probe results only."""
+    return run_probes_sharing(hvd, plan, repeats, (), process_set, tag, warmed, warm_up)[0]
+
+
+def run_probes_sharing(hvd: Any, plan: Sequence[tuple[str, int]],
+                       repeats: Union[int, Sequence[int]], extra: Sequence[float] = (),
+                       process_set: Any = None, tag: str = "probe", warmed: Optional[set] = None,
+                       warm_up: bool = True
+                       ) -> tuple[list[tuple[str, int, float]], list[list[float]]]:
     """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (one count for every entry,
     or one count per entry, each >= 1).
 
@@ -96,8 +105,11 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
     pairs with it, broadcast then allreduce, as a step runs them (the allreduce's timing is its
     own sample and the broadcast's barrier); any other timed broadcast is followed by a
     :data:`BARRIER_BYTES` allreduce (named by ``tag``, warmed up like the plan's names).
-    Returns ``[(kind, nbytes, ms), ...]``, each timing combined over ranks (see the module
-    docstring), identical on every rank.
+    ``extra``: numbers this rank shares with every rank (the same count on every rank), sent
+    in the row of the allgather that combines the timings, at no extra op (Adaptive's first CR:
+    rank 0's gains and time outside communication, see ``optimizer.py``).
+    Returns ``([(kind, nbytes, ms), ...], extras)``: each timing combined over ranks (see the
+    module docstring), and every rank's ``extra`` by rank; both identical on every rank.
     """
     for kind, _ in plan:
         if kind not in KINDS:
@@ -145,11 +157,14 @@ def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Se
                 after.append(0.0)
         if warmed is not None:
             warmed.update(ops[used][1] for used in (i, j) if used is not None)
-    if not timings:
-        return []
+    extra = [float(x) for x in extra]
+    if not timings and not extra:
+        return [], []
     if warmed is not None and barriers:
         warmed.add(barrier_name)
-    every = hvd.allgather(torch.tensor([timings + after], dtype=torch.float64),
+    n = len(timings)
+    every = hvd.allgather(torch.tensor([timings + after + extra], dtype=torch.float64),
                           name=f"hvd_flexcomm.{tag}.timings", **kw)
-    combined = delivered_ms(every[:, :len(timings)], every[:, len(timings):])
-    return [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, combined.tolist())]
+    combined = delivered_ms(every[:, :n], every[:, n:2 * n]).tolist() if n else []
+    results = [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, combined)]
+    return results, every[:, 2 * n:].tolist()

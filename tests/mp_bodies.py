@@ -499,6 +499,41 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
             "last_result": state["last_result"]}
 
 
+def adaptive_first_cr(steps: int = 12) -> dict:
+    """``Adaptive()`` (no starting CR, no warm-up) on real collectives: the CR of each step as
+    every rank reports it, and rank 0's record of the pick at the start-up probe."""
+    import horovod.torch as hvd
+
+    from hvd_flexcomm.moo import pick_on_grid
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
+    mode = hvd_flexcomm.Adaptive(reprobe_interval=0)
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                            named_parameters=model.named_parameters(),
+                                            compression=mode)
+    ctrl = opt._flex_adaptive
+    crs, spans, probes = [], [], []
+    for step in range(steps):
+        x, y = _batch(step, hvd.rank(), n=64)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        crs.append(opt.last_stats["cr"])
+        spans.append(opt.last_stats["span"])
+        probes.append(opt.last_stats.get("probe_kind"))
+    out = {"crs": crs, "spans": spans, "probes": probes, "changes": ctrl.changes,
+           "starting_cr": mode.cr, "announced_cr": ctrl.announced_cr, "solves": []}
+    if hvd.rank() == 0:
+        first = ctrl.solves[0]
+        again = pick_on_grid(first["crs"], first["comm_ms"], first["gains"], mode.c_low,
+                             mode.c_high, mode.weights, other_ms=first["other_ms"], pick="tta")
+        out["solves"] = [{k: s[k] for k in ("step", "reason", "cr", "other_ms")}
+                         for s in ctrl.solves]
+        out["recomputed_cr"] = float(f"{again.cr:.4g}")
+    return out
+
+
 def spans_after_drift(steps: int = 70, drift_at: int = 30) -> dict:
     """Adaptive on real collectives, with the state a drift probe leaves (``span_other_due``, a
     span due at ``drift_at``) set alike on every rank at ``drift_at``: the span on the path in

@@ -23,6 +23,7 @@ from hvd_flexcomm.moo import (
     fit_comm_curve,
     fit_gain_curve,
     normalise_front,
+    pick_on_grid,
     solve_cr,
     tta_objectives,
 )
@@ -837,3 +838,128 @@ def test_no_solve_reads_the_model_between_a_drift_probe_and_the_span_after_it():
     assert first["step"] >= max(spans["allreduce"]) > max(spans["allgather"]), (first, spans)
     assert first["comm_ms"] == pytest.approx([20.0] * len(first["crs"]), rel=0.1)
     ada.close()
+
+
+# -- the first CR, picked at the start-up probe ---------------------------------------------------
+@pytest.mark.parametrize("a_ms,b_ms,p,other_ms", [
+    (100.0, 2000.0, 0.5, 30.0), (420.0, 2800.0, 0.5, 30.0), (60.0, 9000.0, 0.4, 0.0)])
+def test_grid_pick_is_the_solvers_pick_without_the_solver(a_ms, b_ms, p, other_ms):
+    """``pick_on_grid`` evaluates the same fitted curves as ``solve_cr``: the tta pick is the
+    analytic optimum to within a grid step, the ASF pick the solver's, and it is the same number
+    every time (every rank computes it)."""
+    crs = np.array(CANDS)
+    comm, gains = a_ms + b_ms * crs, np.minimum(1, 0.8 * crs ** p / 0.1 ** p)
+    tta = pick_on_grid(crs, comm, gains, 0.001, 0.1, other_ms=other_ms, pick="tta")
+    assert tta.cr == pytest.approx(_tta_optimum(a_ms + other_ms, b_ms, p), rel=0.015)
+    assert tta.pick == "tta" and tta.curves == {"time": "fit", "gain": "fit"}
+    again = pick_on_grid(list(crs), list(comm), list(gains), 0.001, 0.1, other_ms=other_ms,
+                         pick="tta")
+    assert again.cr == tta.cr and again.time_ms == tta.time_ms
+    c = np.linspace(0.001, 0.1, 20001)  # the ASF pick, brute force on the exact curves
+    F = np.column_stack([a_ms + b_ms * c, 1 / np.minimum(1, 0.8 * c ** p / 0.1 ** p)])
+    for scale in (None, other_ms):
+        asf = pick_on_grid(crs, comm, gains, 0.001, 0.1, other_ms=scale)
+        want = c[np.max(normalise_front(F, scale) * np.array([0.6, 0.4]), axis=1).argmin()]
+        assert asf.cr == pytest.approx(want, rel=0.015), (scale, asf.cr, want)
+    # the front is non-dominated and sorted by CR: time rises with it, the gain too
+    front = np.array(tta.front)
+    assert np.all(np.diff(front[:, 0]) > 0) and np.all(np.diff(front[:, 1]) >= 0)
+    assert front[0, 0] == 0.001 and front[-1, 0] == 0.1
+    with pytest.raises(ValueError, match="points must be >= 2, got 1"):
+        pick_on_grid(crs, comm, gains, 0.001, 0.1, points=1)
+    with pytest.raises(ValueError, match="needs other_ms"):
+        pick_on_grid(crs, comm, gains, 0.001, 0.1, pick="tta")
+
+
+def _probe_controller(rank=0, **kw):
+    mode = Adaptive(**{"gain_every": 1, "min_interval": 10, **kw})
+    return AdaptiveController(mode, rank=rank, hvd=None, process_set=None,
+                              predict_ms=lambda c: {"allgather": 100 + 2000 * c,
+                                                    "allreduce": 150 + 3000 * c},
+                              model_version=lambda: 1)
+
+
+def test_only_the_default_cr_picks_at_the_first_full_probe_after_warm_up():
+    assert Adaptive().first_cr_from_probe and not Adaptive(cr=0.01).first_cr_from_probe
+    assert "cr=from the start-up probe, else 0.01" in Adaptive().describe()
+    ctrl = _probe_controller()
+    assert ctrl.starts_probe_pick(0)
+    assert not ctrl.starts_probe_pick(0)  # one chance: a later full probe (drift) never picks
+    assert not _probe_controller(cr=0.01).starts_probe_pick(0)  # an explicit starting CR
+    warm = _probe_controller(warmup_steps=20)
+    assert not warm.starts_probe_pick(1)  # the probe ran during the ramp
+    assert not warm.starts_probe_pick(25)
+    restored = _probe_controller()
+    restored.load_dict({"cr": 0.02})  # a checkpoint from before the key: the run had started
+    assert not restored.starts_probe_pick(0)
+
+
+def test_first_cr_from_rank0s_shared_row_is_the_grid_pick_and_holds_until_a_solve():
+    g = torch.randn(50_000, generator=torch.Generator().manual_seed(5)) ** 3
+    rank0, rank1 = _probe_controller(), _probe_controller(rank=1)
+    row0 = rank0.probe_share(0, lambda: g, 35.0)
+    assert rank1.probe_share(0, lambda: g, 12.0) == [0.0] * 6  # other ranks send zeros
+    assert row0[0] == 35.0 and row0[1:] == pytest.approx(gains_at_crs(g, CANDS))
+    assert rank0.tracker.smoothed == pytest.approx(row0[1:])  # the gains joined the tracker
+    picks = [ctrl.pick_from_probe(0, row0) for ctrl in (rank0, rank1)]
+    assert picks[0] == picks[1]  # every rank: the same CR from the same row
+    comm = [100 + 2000 * c for c in CANDS]  # the cheaper path at every candidate
+    want = pick_on_grid(CANDS, comm, row0[1:], 0.001, 0.1, (0.6, 0.4), other_ms=35.0, pick="tta")
+    assert picks[0] == float(f"{want.cr:.4g}") and picks[0] != 0.01
+    solve = rank0.solves[-1]
+    assert solve["reason"] == "start-up probe" and solve["other_ms"] == 35.0
+    assert solve["comm_ms"] == pytest.approx(comm) and solve["paths"] == ["allgather"] * 5
+    assert rank1.solves == []  # the record of solves is rank 0's
+    for ctrl in (rank0, rank1):
+        assert [ctrl.cr_for_step(s, False) for s in range(1, 5)] == [picks[0]] * 4
+        assert ctrl.changes == [] and ctrl.n_announcements == 0
+    # rank 0: the pick counts as the first optimisation; the next waits for a trigger
+    rank0.note_other_ms(30.0)
+    rank0.observe(0, g)  # the gains of step 0 are not measured twice
+    assert rank0.tracker.samples == 1
+    assert rank0._trigger(1) is None and rank0._trigger(9) is None
+    state = rank0.to_dict()
+    assert state["probe_pick_done"] is False  # starts_probe_pick was not called here
+    assert state["announced_cr"] == picks[0] and state["last_result"]["pick"] == "tta"
+
+
+@pytest.mark.parametrize("row,why", [
+    ([math.nan, 0.5, 0.3, 0.2, 0.1, 0.05], "time outside communication was not measured"),
+    ([30.0, math.nan, math.nan, math.nan, math.nan, math.nan], "gradient is not finite")])
+def test_no_pick_without_rank0s_numbers_falls_back_to_the_first_solve(row, why, caplog):
+    ctrl = _probe_controller()
+    with caplog.at_level(logging.INFO, logger="hvd_flexcomm.adaptive"):
+        assert ctrl.pick_from_probe(0, row) is None
+    assert why in caplog.text and "cr=0.01 until the first optimisation" in caplog.text
+    assert ctrl.cr_for_step(0, False) == 0.01 and ctrl.last_submit_step is None
+    ctrl.tracker.update([0.5, 0.3, 0.2, 0.1, 0.05])
+    assert ctrl._trigger(1) is None  # as before: the first solve waits for a measured step
+    ctrl.note_other_ms(30.0)
+    assert ctrl._trigger(1) == "first optimisation after warm-up"
+
+
+def test_the_probe_row_carries_each_ranks_extra_numbers():
+    """``run_probes_sharing`` appends ``extra`` to the row of the allgather that combines the
+    timings and returns every rank's by rank; the timings are combined as before."""
+    from hvd_flexcomm.probing import run_probes_sharing
+
+    class TwoRanks:  # the ops run locally; the allgather stacks two ranks' rows
+        Sum = "sum"
+
+        def allreduce_async_(self, buf, **kw):
+            return buf
+
+        allgather_async = broadcast_async_ = allreduce_async_
+
+        def synchronize(self, handle):
+            return handle
+
+        def allgather(self, tensor, name, **kw):
+            other = tensor.clone()
+            other[0, -2:] = torch.tensor([7.0, 8.0])
+            return torch.cat([tensor, other])
+
+    results, extras = run_probes_sharing(TwoRanks(), [("allgather", 64)], 1, [1.5, 2.5])
+    assert [(kind, nbytes) for kind, nbytes, _ in results] == [("allgather", 64)]
+    assert extras == [[1.5, 2.5], [7.0, 8.0]]
+    assert run_probes_sharing(TwoRanks(), [], 1) == ([], [])

@@ -156,6 +156,25 @@ def test_flexible_paths_agree_and_match_reference(np_):
                                   (5 * 2 + 2 + 1, 5 * 2, True), (7 + 1 + 1, 7, True)]
 
 
+def test_default_adaptive_picks_its_first_cr_at_the_start_up_probe():
+    """``Adaptive()``: step 0 (the start-up probe's step) already runs the CR every rank picked
+    from rank 0's gains and time outside communication, sent with the probe's timings; no step
+    runs at the fallback starting CR and no announcement is needed for it."""
+    results = run_parallel("tests.mp_bodies:adaptive_first_cr", np=2, timeout=180)
+    r0 = results[0]
+    for r in results:
+        assert r["crs"] == r0["crs"] and r["changes"] == r0["changes"]
+        assert r["announced_cr"] == r0["crs"][0]
+    assert r0["probes"][0] == "full" and not r0["spans"][0]
+    first = r0["solves"][0]
+    assert first["step"] == 0 and first["reason"] == "start-up probe"
+    assert first["other_ms"] > 0  # forward and backward since zero_grad(), on rank 0
+    assert r0["crs"][0] == float(f"{first['cr']:.4g}") == r0["recomputed_cr"]
+    # the picked CR holds on every route step until a change is announced
+    until = r0["changes"][0][0] if r0["changes"] else len(r0["crs"])
+    assert all(cr == r0["crs"][0] for cr, span in zip(r0["crs"][:until], r0["spans"]) if not span)
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     results = run_parallel("tests.mp_bodies:adaptive_run", np=2, controller=controller,
