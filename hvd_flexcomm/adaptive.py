@@ -18,6 +18,10 @@ Who does what:
   ``min_cr_change`` of the current one, or (time pick) predicted to reach accuracy less than
   ``min_tta_gain`` sooner than it, is not announced at all (rank 0 keeps it as
   ``last_result``);
+- **the first CR** (``Adaptive(cr=None)``, no warm-up) is picked by every rank at once, right
+  after the start-up probe, from rank 0's gains and time outside communication sent in its row of
+  the probe's timings allgather (:meth:`AdaptiveController.pick_from_probe`,
+  :func:`~hvd_flexcomm.moo.pick_on_grid`): no announcement, no solve in the background;
 - **rank 0** measures the gains of all candidate CRs from its real error-fed gradient
   (:func:`~hvd_flexcomm.gains.gains_at_crs`), predicts each candidate's communication time with
   the calibrated cost model (the cheaper path at each CR), adds its compression time (fitted
