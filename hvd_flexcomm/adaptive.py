@@ -284,22 +284,30 @@ class AdaptiveController:
         log.info("hvd_flexcomm: %s", result.explain())
         cr = _round_cr(result.cr)
         current = self._offered if self._offered is not None else self.cr  # in flight: its CR
-        if abs(cr - current) < self.mode.min_cr_change * current:
+        why = self._keeps(current, cr, result)
+        if why:
             self.n_kept += 1
-            log.info("hvd_flexcomm: keeping cr=%g: the solved %g is within %g%% of it "
-                     "(min_cr_change), no announcement", current, cr,
-                     100 * self.mode.min_cr_change)
-            return None
-        excess = result.current_excess
-        if (excess is not None and result.current_cr == current and self.mode.min_tta_gain > 0
-                and excess < self.mode.min_tta_gain):
-            self.n_kept += 1
-            log.info("hvd_flexcomm: keeping cr=%g: the solved %g is predicted to reach accuracy "
-                     "%s (min_tta_gain %g%%), no announcement", current, cr,
-                     f"only {100 * excess:.1f}% sooner" if excess > 0 else "no sooner",
-                     100 * self.mode.min_tta_gain)
+            log.info("hvd_flexcomm: keeping cr=%g: the solved %g %s, no announcement", current,
+                     cr, why)
             return None
         return cr
+
+    def _keeps(self, current: float, cr: float, result: MooResult) -> Optional[str]:
+        """Why the CR in use ``current`` is kept against the solved ``cr`` (rounded) of
+        ``result``, or None: ``cr`` lies within ``min_cr_change`` (fraction) of it, or (time
+        pick, solved for ``current``) keeping it is predicted to take less than
+        ``min_tta_gain`` (fraction) longer to accuracy. Pure function of its arguments and the
+        settings."""
+        mode = self.mode
+        if abs(cr - current) < mode.min_cr_change * current:
+            return f"is within {100 * mode.min_cr_change:g}% of it (min_cr_change)"
+        excess = result.current_excess
+        if (excess is not None and result.current_cr == current and mode.min_tta_gain > 0
+                and excess < mode.min_tta_gain):
+            return ("is predicted to reach accuracy "
+                    f"{f'only {100 * excess:.1f}% sooner' if excess > 0 else 'no sooner'} "
+                    f"(min_tta_gain {100 * mode.min_tta_gain:g}%)")
+        return None
 
     # -- the first CR, picked at the start-up probe ------------------------------------------
     def starts_probe_pick(self, step: int) -> bool:
@@ -329,12 +337,14 @@ class AdaptiveController:
     def pick_from_probe(self, step: int, shared: Sequence[float]) -> Optional[float]:
         """Every rank, right after the start-up probe: the first CR from rank 0's ``shared`` row
         (:meth:`probe_share`) and the freshly calibrated cost model, by the solver's pick on a
-        grid (:func:`~hvd_flexcomm.moo.pick_on_grid`), rounded as an announced CR. The same
-        numbers on every rank give the same CR, so it takes effect at ``step`` without a
-        broadcast. None (the run keeps ``mode.cr`` until the first solve, which then waits for
-        a measured step) when rank 0's time outside communication was not measured or a gain is
-        not finite. On rank 0 the pick counts as the first optimisation (``solves``,
-        ``last_result``; the triggers count from it)."""
+        grid (:func:`~hvd_flexcomm.moo.pick_on_grid`), rounded as an announced CR, unless the
+        starting CR ``mode.cr`` is kept by the rule that keeps a CR in use against a solve
+        (:meth:`_keeps`: within ``min_cr_change``, or predicted less than ``min_tta_gain``
+        slower to accuracy). The same numbers on every rank give the same CR, so it takes
+        effect at ``step`` without a broadcast. None (the run keeps ``mode.cr`` until the first
+        solve, which then waits for a measured step) when rank 0's time outside communication
+        was not measured or a gain is not finite. On rank 0 the pick counts as the first
+        optimisation (``solves``, ``last_result``; the triggers count from it)."""
         mode = self.mode
         other = float(shared[0])
         gains = [float(g) for g in shared[1:1 + len(mode.candidates)]]
@@ -353,6 +363,10 @@ class AdaptiveController:
                               other_ms=other_ms, pick="tta" if mode.time_scale == "tta" else "asf",
                               current_cr=mode.cr)
         cr = _round_cr(result.cr)
+        why = self._keeps(mode.cr, cr, result)  # the starting CR is kept as a CR in use would be
+        if why:
+            cr = mode.cr
+            self.n_kept += 1
         self.cr = self.announced_cr = cr
         self.last_result = result
         self.last_submit_step = step
@@ -367,7 +381,9 @@ class AdaptiveController:
                                 "current_cr": mode.cr, "current_excess": result.current_excess})
             log.info("hvd_flexcomm: step %d: first CR from the start-up probe (rank 0's gains and "
                      "%.1f ms outside communication; time objective: predicted communication): "
-                     "%s", step, other, result.explain())
+                     "%s%s", step, other, result.explain(),
+                     f"; keeping the starting cr={cr:g}: the picked {_round_cr(result.cr):g} {why}"
+                     if why else "")
         return cr
 
     def note_other_ms(self, ms: float) -> None:

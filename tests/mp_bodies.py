@@ -531,6 +531,7 @@ def adaptive_first_cr(steps: int = 12) -> dict:
         out["solves"] = [{k: s[k] for k in ("step", "reason", "cr", "other_ms")}
                          for s in ctrl.solves]
         out["recomputed_cr"] = float(f"{again.cr:.4g}")
+        out["kept"] = ctrl.n_kept
     return out
 
 

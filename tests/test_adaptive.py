@@ -896,7 +896,7 @@ def test_only_the_default_cr_picks_at_the_first_full_probe_after_warm_up():
 
 def test_first_cr_from_rank0s_shared_row_is_the_grid_pick_and_holds_until_a_solve():
     g = torch.randn(50_000, generator=torch.Generator().manual_seed(5)) ** 3
-    rank0, rank1 = _probe_controller(), _probe_controller(rank=1)
+    rank0, rank1 = (_probe_controller(rank=r, min_cr_change=0, min_tta_gain=0) for r in (0, 1))
     row0 = rank0.probe_share(0, lambda: g, 35.0)
     assert rank1.probe_share(0, lambda: g, 12.0) == [0.0] * 6  # other ranks send zeros
     assert row0[0] == 35.0 and row0[1:] == pytest.approx(gains_at_crs(g, CANDS))
@@ -921,6 +921,28 @@ def test_first_cr_from_rank0s_shared_row_is_the_grid_pick_and_holds_until_a_solv
     state = rank0.to_dict()
     assert state["probe_pick_done"] is False  # starts_probe_pick was not called here
     assert state["announced_cr"] == picks[0] and state["last_result"]["pick"] == "tta"
+
+
+def test_the_starting_cr_is_kept_against_a_pick_that_saves_little(caplog):
+    """The pick at the probe is held to the rule that keeps a CR in use against a solve: a CR
+    predicted to reach accuracy less than ``min_tta_gain`` sooner than the starting CR, or
+    within ``min_cr_change`` of it, is not taken (the time objective is flat near its minimum,
+    and the probe's single timings are noisy)."""
+    row = [30.0, 0.74, 0.55, 0.41, 0.33, 0.24]  # gains of step 0 in a static run
+    free = _probe_controller(min_cr_change=0, min_tta_gain=0)
+    picked = free.pick_from_probe(0, row)
+    excess = free.last_result.current_excess
+    assert picked != 0.01 and 0 < excess < 0.5
+    below = _probe_controller(min_cr_change=0, min_tta_gain=excess * 1.01)
+    with caplog.at_level(logging.INFO, logger="hvd_flexcomm.adaptive"):
+        assert below.pick_from_probe(0, row) == 0.01
+    assert f"keeping the starting cr=0.01: the picked {picked:g} is predicted" in caplog.text
+    assert below.n_kept == 1 and below.solves[-1]["cr"] == pytest.approx(free.solves[-1]["cr"])
+    assert below.cr_for_step(1, False) == 0.01 and below.last_submit_step == 0
+    above = _probe_controller(min_cr_change=0, min_tta_gain=excess * 0.99)
+    assert above.pick_from_probe(0, row) == picked and above.n_kept == 0
+    near = _probe_controller(min_tta_gain=0, min_cr_change=abs(picked - 0.01) / 0.01 * 1.01)
+    assert near.pick_from_probe(0, row) == 0.01
 
 
 @pytest.mark.parametrize("row,why", [
