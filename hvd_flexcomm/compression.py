@@ -325,31 +325,30 @@ class Adaptive(Flexible):
     is in use 3 steps after it is ready (the flag rides in the step payload, so waiting costs
     nothing).
 
-    - ``cr``: the starting CR. Default (None): **picked at the start-up probe**, before step
-      0's collectives: rank 0 measures every candidate's gain from step 0's error-fed gradient
-      and its time outside communication (from the last ``zero_grad()`` before step 0's
-      ``synchronize()``, or the backward pass's since its first gradient hook), sends them in
-      its row of the allgather that already combines the probe's timings over ranks, and every
-      rank makes the same pick from the same numbers: the solver's pick on the same fitted
-      curves, evaluated on a grid of CRs instead of by NSGA-II
-      (:func:`~hvd_flexcomm.moo.pick_on_grid`; milliseconds, no random numbers), held to the
-      rule that keeps a CR in use against a solve: the fallback below stays unless the pick
-      lies beyond ``min_cr_change`` of it and is predicted at least ``min_tta_gain`` sooner to
-      accuracy. No first announcement, no CR change a few steps in, and no solve in the
-      background during the first steps (its thread shares rank 0's cores with training). The
-      next solve (NSGA-II, on rank 0) follows the triggers below. On a 25 ms link the picks
-      (0.080-0.097, predicted 18-24% sooner than 0.01) cut the start-up from 8.5 s to 7.7 s;
-      on 100 Mbit/s, 5 ms one way, the picks (0.0068-0.0083) were predicted only 0.2-1.2%
-      sooner, and taking them saved no start-up (``docs/performance/adaptive_step_budget.md``). If rank 0's gradient is not
-      finite there, or a warm-up runs (the probe then comes during the ramp), the run starts at
-      :func:`starting_cr`, the geometric centre ``sqrt(c_low·c_high)`` of the range (0.01 for
-      the defaults), until the first solve, as an explicit ``cr`` does: an explicit ``cr`` is
-      used right after warm-up until the first optimisation (after one measured step). Before
-      2026-12-06 the start was ``c_high``, then (fca9ec1) ``starting_cr``: at 100 Mbit/s, 5 ms
-      one way and N=4 the four steps at ``c_high`` before the first solved CR was in force
-      cost 400-500 ms each against 120-170 ms at the CR then picked; on a 25 ms link, where
-      the first pick is near ``c_high``, ``starting_cr`` cost a change at step 5 (about 1 s
-      there) (``docs/performance/adaptive_step_budget.md``).
+    - ``cr``: the starting CR. Default (None): **picked at the start-up probe**, before step 0's
+      collectives: rank 0 measures every candidate's gain from step 0's error-fed gradient and its
+      time outside communication (from the last ``zero_grad()`` before step 0's ``synchronize()``,
+      or the backward pass's since its first gradient hook), sends them in its row of the
+      allgather that already combines the probe's timings over ranks, and every rank makes the
+      same pick from the same numbers: the solver's pick on the same fitted curves, evaluated on a
+      grid of CRs instead of by NSGA-II (:func:`~hvd_flexcomm.moo.pick_on_grid`; milliseconds, no
+      random numbers), held to the rule that keeps a CR in use against a solve: the fallback below
+      stays unless the pick lies beyond ``min_cr_change`` of it and is predicted at least
+      ``min_tta_gain`` sooner to accuracy. No first announcement, no CR change a few steps in, and
+      no solve in the background during the first steps (its thread shares rank 0's cores with
+      training). The next solve (NSGA-II, on rank 0) follows the triggers below. On a 25 ms link
+      the picks (0.080-0.097, predicted 18-24% sooner than 0.01) cut the start-up from 8.5 s to
+      7.7 s; on 100 Mbit/s, 5 ms one way, the picks (0.0068-0.0083) were predicted only 0.2-1.2%
+      sooner, and taking them saved no start-up (``docs/performance/adaptive_step_budget.md``). If
+      rank 0's gradient is not finite there, or a warm-up runs (the probe then comes during the
+      ramp), the run starts at :func:`starting_cr`, the geometric centre ``sqrt(c_low·c_high)`` of
+      the range (0.01 for the defaults), until the first solve, as an explicit ``cr`` does: an
+      explicit ``cr`` is used right after warm-up until the first optimisation (after one measured
+      step). Before 2026-12-06 the start was ``c_high``, then (fca9ec1) ``starting_cr``: at 100
+      Mbit/s, 5 ms one way and N=4 the four steps at ``c_high`` before the first solved CR was in
+      force cost 400-500 ms each against 120-170 ms at the CR then picked; on a 25 ms link, where
+      the first pick is near ``c_high``, ``starting_cr`` cost a change at step 5 (about 1 s there)
+      (``docs/performance/adaptive_step_budget.md``).
     - ``candidates``: the CRs whose gains are measured (at least two different ones); they must
       cover ``[c_low, c_high]``, the range the solver searches (the gain curve is fitted over
       them and not extrapolated).
