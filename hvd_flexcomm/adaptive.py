@@ -313,8 +313,9 @@ class AdaptiveController:
     def starts_probe_pick(self, step: int) -> bool:
         """Called before a full probe at ``step`` (every rank alike): whether the probe picks the
         first CR (``Adaptive(cr=None)``, its first full probe, at or after the end of warm-up).
-        The first full probe takes the chance either way: a later one (after drift, spans off)
-        never picks. Pure function of settings and shared state."""
+        The first full probe takes the chance either way (marks it taken): a later one (after
+        drift, spans off) never picks. Reads settings and shared state only, so every rank
+        returns the same."""
         if self.probe_pick_done:
             return False
         self.probe_pick_done = True
@@ -339,12 +340,12 @@ class AdaptiveController:
         (:meth:`probe_share`) and the freshly calibrated cost model, by the solver's pick on a
         grid (:func:`~hvd_flexcomm.moo.pick_on_grid`), rounded as an announced CR, unless the
         starting CR ``mode.cr`` is kept by the rule that keeps a CR in use against a solve
-        (:meth:`_keeps`: within ``min_cr_change``, or predicted less than ``min_tta_gain``
-        slower to accuracy). The same numbers on every rank give the same CR, so it takes
-        effect at ``step`` without a broadcast. None (the run keeps ``mode.cr`` until the first
-        solve, which then waits for a measured step) when rank 0's time outside communication
-        was not measured or a gain is not finite. On rank 0 the pick counts as the first
-        optimisation (``solves``, ``last_result``; the triggers count from it)."""
+        (:meth:`_keeps`: the pick within ``min_cr_change`` of it, or keeping it predicted less
+        than ``min_tta_gain`` slower to accuracy). The same numbers on every rank give the same
+        CR, so it takes effect at ``step`` without a broadcast. None (the run keeps ``mode.cr``
+        until the first solve, which then waits for a measured step) when rank 0's time outside
+        communication was not measured or a gain is not finite. On rank 0 the pick counts as the
+        first optimisation (``solves``, ``last_result``; the triggers count from it)."""
         mode = self.mode
         other = float(shared[0])
         gains = [float(g) for g in shared[1:1 + len(mode.candidates)]]
