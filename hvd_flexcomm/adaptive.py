@@ -356,13 +356,13 @@ class AdaptiveController:
                      else "gradient is not finite", mode.cr)
             return None
         crs = list(mode.candidates)
-        start = time.perf_counter()
-        predicted = [self.predict_ms(c) for c in crs]
-        comm_ms = [min(p.values()) for p in predicted]
+        comm_ms, paths = self._predicted_comm(crs)
         other_ms = None if mode.time_scale == "front" else other
+        record = (self._start_solve(step, "start-up probe", crs, comm_ms, None, paths, gains,
+                                    other_ms, mode.cr) if self.rank == 0 else {})
         result = pick_on_grid(crs, comm_ms, gains, mode.c_low, mode.c_high, mode.weights,
-                              other_ms=other_ms, pick="tta" if mode.time_scale == "tta" else "asf",
-                              current_cr=mode.cr)
+                              other_ms=other_ms, pick=self._pick, current_cr=mode.cr)
+        record.update(cr=result.cr, current_excess=result.current_excess, end=time.perf_counter())
         cr = _round_cr(result.cr)
         why = self._keeps(mode.cr, cr, result)  # the starting CR is kept as a CR in use would be
         if why:
@@ -370,16 +370,7 @@ class AdaptiveController:
             self.n_kept += 1
         self.cr = self.announced_cr = cr
         self.last_result = result
-        self.last_submit_step = step
-        self.last_other_ms = other_ms
-        self.last_model_version = self.model_version()
         if self.rank == 0:
-            self.tracker.mark_reference()
-            self.solves.append({"step": step, "reason": "start-up probe", "start": start,
-                                "end": time.perf_counter(), "crs": crs, "comm_ms": comm_ms,
-                                "compress_ms": None, "paths": [min(p, key=p.get) for p in predicted],
-                                "gains": gains, "other_ms": other_ms, "cr": result.cr,
-                                "current_cr": mode.cr, "current_excess": result.current_excess})
             log.info("hvd_flexcomm: step %d: first CR from the start-up probe (rank 0's gains and "
                      "%.1f ms outside communication; time objective: predicted communication): "
                      "%s%s", step, other, result.explain(),
@@ -479,15 +470,41 @@ class AdaptiveController:
                       "cr=%g", type(exc).__name__, exc, self.cr)
         self.failed = True
 
+    @property
+    def _pick(self) -> str:
+        """How a solve picks its point of the front (``moo.PICKS``), from ``time_scale``."""
+        return "tta" if self.mode.time_scale == "tta" else "asf"
+
+    def _predicted_comm(self, crs: Sequence[float]) -> tuple[list[float], list[str]]:
+        """Predicted communication (ms) of the cheaper path at each of ``crs``, and that path,
+        from the calibrated cost model."""
+        predicted = [self.predict_ms(c) for c in crs]
+        return [min(p.values()) for p in predicted], [min(p, key=p.get) for p in predicted]
+
+    def _start_solve(self, step: int, reason: str, crs: list, comm_ms: list,
+                     compress_ms: Optional[list], paths: list, gains: list,
+                     other_ms: Optional[float], current_cr: float) -> dict:
+        """Rank 0: a solve starts at ``step`` on these inputs: the triggers count from it (step,
+        time outside communication, gains, model version), and its record joins ``solves``
+        (returned; ``cr``, ``current_excess`` and ``end`` are filled in when it is done)."""
+        self.last_submit_step = step
+        self.last_other_ms = other_ms
+        self.tracker.mark_reference()
+        self.last_model_version = self.model_version()
+        record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None,
+                  "crs": crs, "comm_ms": comm_ms, "compress_ms": compress_ms, "paths": paths,
+                  "gains": gains, "other_ms": other_ms, "cr": None, "current_cr": current_cr,
+                  "current_excess": None}
+        self.solves.append(record)
+        return record
+
     def _submit(self, step: int, reason: str) -> None:
         mode = self.mode
         crs = list(mode.candidates)
         gains = list(self.tracker.smoothed)
         self.last_submit_step = step
         try:  # read the cost model here, on the training thread that updates it
-            predicted = [self.predict_ms(c) for c in crs]
-            comm_ms = [min(p.values()) for p in predicted]
-            paths = [min(p, key=p.get) for p in predicted]
+            comm_ms, paths = self._predicted_comm(crs)
             compress_ms = self.compress_ms_at(crs)
         except Exception as exc:  # noqa: BLE001 - the service must never stop training
             self._fail_once(exc)
@@ -495,9 +512,6 @@ class AdaptiveController:
         time_ms = comm_ms if compress_ms is None else [a + b for a, b in zip(comm_ms, compress_ms)]
         other_ms = self.other_ms()
         current_cr = self._offered if self._offered is not None else self.cr
-        self.last_other_ms = other_ms
-        self.tracker.mark_reference()
-        self.last_model_version = self.model_version()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="hvd_flexcomm-moo")
@@ -506,17 +520,13 @@ class AdaptiveController:
                  " + compression" if compress_ms is not None else
                  (" (compression not counted)" if not mode.count_compression else
                   " (compression not measured at two CRs yet)"))
-        record = {"step": step, "reason": reason, "start": time.perf_counter(), "end": None,
-                  "crs": crs, "comm_ms": comm_ms, "compress_ms": compress_ms, "paths": paths,
-                  "gains": gains, "other_ms": other_ms, "cr": None, "current_cr": current_cr,
-                  "current_excess": None}
-        self.solves.append(record)
+        record = self._start_solve(step, reason, crs, comm_ms, compress_ms, paths, gains,
+                                   other_ms, current_cr)
 
         def job() -> MooResult:
             try:
                 result = solve_cr(crs, time_ms, gains, mode.c_low, mode.c_high, mode.weights,
-                                  mode.pop_size, mode.n_gen, other_ms=other_ms,
-                                  pick="tta" if mode.time_scale == "tta" else "asf",
+                                  mode.pop_size, mode.n_gen, other_ms=other_ms, pick=self._pick,
                                   current_cr=current_cr)
                 record["cr"], record["current_excess"] = result.cr, result.current_excess
                 return result

@@ -24,6 +24,16 @@ def _batch(step: int, rank: int, n: int = 32) -> tuple[torch.Tensor, torch.Tenso
     return torch.randn(n, 40, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
+def _train_step(model: torch.nn.Module, opt, step: int, rank: int, n: int = 64) -> torch.Tensor:
+    """One training step on this rank's batch of ``step`` (``_batch``); the loss."""
+    x, y = _batch(step, rank, n=n)
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def _flat(params) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
                       for p in params])
@@ -468,10 +478,7 @@ def adaptive_run(steps: int = 160, warmup: int = 30, n_gen: int = 300) -> dict:
         return bool(ctrl.changes) and not all(spans[ctrl.changes[0][0]:])
 
     while step < steps or (not solved_cr_ran() and step < 40 * steps):
-        x, y = _batch(step, hvd.rank(), n=64)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        _train_step(model, opt, step, hvd.rank())
         crs.append(opt.last_stats["cr"])
         paths.append(opt.last_stats["collective"])
         spans.append(opt.last_stats["span"])
@@ -515,10 +522,7 @@ def adaptive_first_cr(steps: int = 12) -> dict:
     ctrl = opt._flex_adaptive
     crs, spans, probes = [], [], []
     for step in range(steps):
-        x, y = _batch(step, hvd.rank(), n=64)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        _train_step(model, opt, step, hvd.rank())
         crs.append(opt.last_stats["cr"])
         spans.append(opt.last_stats["span"])
         probes.append(opt.last_stats.get("probe_kind"))
@@ -560,11 +564,7 @@ def spans_after_drift(steps: int = 70, drift_at: int = 30) -> dict:
     for step in range(steps):
         if step == drift_at:
             ctrl.span_other_due, ctrl.span_soon_step = True, step
-        x, y = _batch(step, hvd.rank(), n=64)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        loss = _train_step(model, opt, step, hvd.rank())
         stats = opt.last_stats
         rows.append((stats["cr"], stats["collective"], ctrl.path, stats["span"]))
         losses.append(float(loss))
