@@ -104,6 +104,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.jobctl import (  # noqa: E402
+    KEEP_FREED_MEMORY_ENV,
     check_mode_options,
     control_dir,
     follow_job,
@@ -1203,6 +1204,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--job-per-method", action=argparse.BooleanOptionalAction, default=True,
                     help="each method in its own job on a fresh emulator (default; "
                          "--no-job-per-method: one job trains them all in turn)")
+    ap.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                    help="launch the ranks with glibc malloc keeping freed memory (default; "
+                         "jobctl.KEEP_FREED_MEMORY: on this VM a page returned to the kernel "
+                         "costs a slow fault when reused; docs/performance/stalls.md)")
     ap.add_argument("--out", default=os.path.join(REPO, "results", "adaptive"))
     ap.add_argument("--render", metavar="JSON", help="re-render the table and plots of a saved run")
     ap.add_argument("--render-seeds", metavar="DIR", nargs="+",
@@ -1210,6 +1215,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "DIRs: pool their seeds (same settings, distinct seeds) into one "
                          "summary under --out")
     args = ap.parse_args(argv)
+    # every job this run launches (jobctl.job_env) reads it; set either way, so each run says
+    os.environ[KEEP_FREED_MEMORY_ENV] = "1" if args.keep_freed_memory else "0"
 
     if args.render_seeds:
         try:
@@ -1282,6 +1289,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "parameters": params, "batch_size": args.batch_size, "lr": args.lr,
         "momentum": args.momentum, "seed": args.seed, "dense_steps": dense_steps,
         "job_per_method": args.job_per_method, "launcher": args.launcher,
+        "keep_freed_memory": args.keep_freed_memory,
         "time_factor": time_factor, "step_factor": step_factor,
         "max_steps_other": int(round(step_factor * dense_steps)),
         "target_drop": args.target_drop, "eval_every": eval_every, "warmup_steps": warmup,

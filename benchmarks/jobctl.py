@@ -39,12 +39,34 @@ def flexible_mode(settings: dict[str, Any], cr: float) -> Any:
     return hvd_flexcomm.Flexible(cr=cr, **flex)
 
 
+#: glibc malloc settings that keep the memory a rank frees inside the rank (no ``munmap`` of large
+#: blocks, no trim of the heap's top), so that the next allocation reuses pages already mapped.
+#: On this VM a page handed back to the kernel costs a fresh fault the next time it is touched,
+#: several times dearer than on bare metal (``benchmarks/bench_page_faults.py``: 256 MB
+#: allocated and touched 25-50x slower than a reused heap), and training steps held in single
+#: torch ops for 1-12 s were traced to it (``docs/performance/stalls.md``).
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
+#: Set to ``0`` in a driver's environment to launch jobs with glibc's default malloc settings.
+KEEP_FREED_MEMORY_ENV = "HVD_FLEXCOMM_BENCH_KEEP_FREED_MEMORY"
+
+
+def keep_freed_memory() -> bool:
+    """Whether launched jobs get :data:`KEEP_FREED_MEMORY` (default yes; ``0`` in
+    :data:`KEEP_FREED_MEMORY_ENV` turns it off)."""
+    return os.environ.get(KEEP_FREED_MEMORY_ENV, "1") != "0"
+
+
 def job_env(venv_bin: Optional[str] = None) -> dict[str, str]:
     """The environment of a launched job: this repository importable first, one compute thread
-    per rank (ranks share 2 cores), Horovod's warnings only, and ``venv_bin`` first on PATH."""
+    per rank (ranks share 2 cores), Horovod's warnings only, ``venv_bin`` first on PATH, and
+    (unless turned off, see :func:`keep_freed_memory`) freed memory kept in each rank
+    (:data:`KEEP_FREED_MEMORY`; values already in the environment win)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
+    if keep_freed_memory():
+        for name, value in KEEP_FREED_MEMORY.items():
+            env.setdefault(name, value)
     if venv_bin:
         env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "/usr/bin:/bin")])
     env.setdefault("HOROVOD_LOG_LEVEL", "warning")
