@@ -543,3 +543,20 @@ def test_render_seeds_pools_runs_of_one_setting_and_names_what_differs(tmp_path)
     assert f"`{tmp_path / 'a'}` (seeds 1, 2)" in md
     assert json.loads((out / "seeds.json").read_text())["seeds"] == [1, 2, 3]
     assert not (tmp_path / "a" / "seeds.md").exists()  # one DIR: written into it; several: --out
+
+
+def test_job_env_keeps_freed_memory_unless_turned_off(monkeypatch):
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from jobctl import KEEP_FREED_MEMORY, KEEP_FREED_MEMORY_ENV, job_env
+
+    for name in KEEP_FREED_MEMORY:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(KEEP_FREED_MEMORY_ENV, raising=False)
+    env = job_env()
+    assert {name: env[name] for name in KEEP_FREED_MEMORY} == KEEP_FREED_MEMORY
+    assert env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv(KEEP_FREED_MEMORY_ENV, "0")
+    assert not set(KEEP_FREED_MEMORY) & set(job_env())
+    monkeypatch.setenv(KEEP_FREED_MEMORY_ENV, "1")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")  # a value already set wins
+    assert job_env()["MALLOC_TRIM_THRESHOLD_"] == "12345"

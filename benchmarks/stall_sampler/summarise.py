@@ -1,0 +1,79 @@
+"""Summarise the logs of ``sitecustomize.py`` (this directory): the waits outside collectives.
+
+    python benchmarks/stall_sampler/summarise.py LOG_DIR [--min-ms 700]
+
+Prints every ``starved`` event and every ``held`` event of at least ``--min-ms`` whose stack lies
+in a training step (it passes through the job's ``run_method``) and does not end in Horovod's
+``synchronize`` wait (a rank waiting in a collective waits for another rank or the network, not
+for itself), with its rank, time and innermost frames; then counts by innermost function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+from collections import Counter
+from typing import Optional
+
+EVENT = re.compile(r"^(held|starved) (\d+\.\d+) ms=(\d+)")
+FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+WAIT = "horovod_torch_wait_and_clear"
+
+
+def read_events(log_dir: str) -> list[dict]:
+    """Every held/starved event of every ``r<rank>_<pid>.log`` in ``log_dir``, in time order:
+    ``{"rank", "kind", "t", "ms", "frames": [(file, line, function), ...], "text"}``."""
+    events = []
+    for path in glob.glob(os.path.join(log_dir, "r*_*.log")):
+        rank = os.path.basename(path)[1:].split("_")[0]
+        with open(path) as fh:
+            lines = fh.read().splitlines()
+        for i, line in enumerate(lines):
+            m = EVENT.match(line)
+            if not m:
+                continue
+            stack = []
+            for nxt in lines[i + 1:]:
+                if not nxt.startswith("  "):
+                    break
+                stack.append(nxt)
+            frames = [(f, int(n), fn) for f, n, fn in FRAME.findall("\n".join(stack))]
+            events.append({"rank": rank, "kind": m.group(1), "t": float(m.group(2)),
+                           "ms": int(m.group(3)), "frames": frames, "text": "\n".join(stack)})
+    return sorted(events, key=lambda e: e["t"])
+
+
+def in_step_outside_collectives(event: dict) -> bool:
+    """A held event in a training step, not in Horovod's wait."""
+    return ("run_method" in event["text"] and WAIT not in event["text"]
+            and "horovod_init" not in event["text"])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log_dir")
+    ap.add_argument("--min-ms", type=int, default=700)
+    args = ap.parse_args(argv)
+    events = read_events(args.log_dir)
+    if not events:
+        print(f"no events in {args.log_dir}")
+        return 1
+    where: Counter = Counter()
+    for e in events:
+        if e["kind"] == "held" and not (e["ms"] >= args.min_ms and in_step_outside_collectives(e)):
+            continue
+        inner = e["frames"][-1] if e["frames"] else ("-", 0, "-")
+        label = f"{os.path.basename(inner[0])}:{inner[2]}" if e["frames"] else "-"
+        where[(e["kind"], label)] += 1
+        print(f"rank {e['rank']} {e['kind']:7s} {e['ms']:6d} ms at {e['t']:.1f}  {label}")
+    print("\nby innermost frame:")
+    for (kind, label), n in where.most_common():
+        print(f"  {n:3d}  {kind:7s} {label}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
