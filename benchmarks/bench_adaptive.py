@@ -118,6 +118,7 @@ from benchmarks.jobctl import (  # noqa: E402
     stop,
 )
 from hvd_flexcomm.netem.emulator import LAUNCHERS  # noqa: E402
+from hvd_flexcomm.waiting import WAIT_ENV  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adaptive_job.py")
 TAG = "[adaptive_job]"
@@ -1208,6 +1209,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="launch the ranks with glibc malloc keeping freed memory (default; "
                          "jobctl.KEEP_FREED_MEMORY: on this VM a page returned to the kernel "
                          "costs a slow fault when reused; docs/performance/stalls.md)")
+    ap.add_argument("--wait", choices=("poll", "horovod"), default="poll",
+                    help="how hvd_flexcomm waits for its collectives in the jobs: poll with "
+                         "sleeps (default) or Horovod's own loop (HVD_FLEXCOMM_WAIT=horovod; "
+                         "see hvd_flexcomm/waiting.py), for an A/B")
     ap.add_argument("--out", default=os.path.join(REPO, "results", "adaptive"))
     ap.add_argument("--render", metavar="JSON", help="re-render the table and plots of a saved run")
     ap.add_argument("--render-seeds", metavar="DIR", nargs="+",
@@ -1217,6 +1222,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     # every job this run launches (jobctl.job_env) reads it; set either way, so each run says
     os.environ[KEEP_FREED_MEMORY_ENV] = "1" if args.keep_freed_memory else "0"
+    os.environ[WAIT_ENV] = args.wait
 
     if args.render_seeds:
         try:
@@ -1289,7 +1295,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "parameters": params, "batch_size": args.batch_size, "lr": args.lr,
         "momentum": args.momentum, "seed": args.seed, "dense_steps": dense_steps,
         "job_per_method": args.job_per_method, "launcher": args.launcher,
-        "keep_freed_memory": args.keep_freed_memory,
+        "keep_freed_memory": args.keep_freed_memory, "wait": args.wait,
         "time_factor": time_factor, "step_factor": step_factor,
         "max_steps_other": int(round(step_factor * dense_steps)),
         "target_drop": args.target_drop, "eval_every": eval_every, "warmup_steps": warmup,

@@ -41,6 +41,7 @@ from .sync import (
     wire_dtype,
 )
 from .topk import k_for
+from .waiting import wait
 
 __all__ = ["DistributedOptimizer"]
 
@@ -268,6 +269,9 @@ class _FlexMethods(torch.optim.Optimizer):
 
         if not self._flex_is_topk():
             t0 = time.perf_counter()
+            for handle, _ in list(self._handles.values()):  # Horovod's loop would spin on them
+                if handle is not None and not callable(handle):
+                    wait(self._flex_hvd, handle)
             _DistributedOptimizer.synchronize(self)
             self._flex_step += 1
             numel = sum(p.numel() for p in self._requires_update)

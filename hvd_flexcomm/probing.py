@@ -25,6 +25,7 @@ import torch
 
 from .calibration import KINDS
 from .sync import delivered_ms
+from .waiting import synchronize
 
 __all__ = ["run_probes", "run_probes_sharing", "BARRIER_BYTES", "barriers_needed", "repeat_counts"]
 
@@ -74,7 +75,7 @@ def _warm_up(hvd: Any, ops: Sequence[tuple[str, str, torch.Tensor]], kw: dict) -
     them in the same cycles, so warming up n new names costs about one op's round trip (plus
     their bytes) instead of n."""
     for handle in [_start(hvd, kind, buf, name, kw) for kind, name, buf in ops]:
-        hvd.synchronize(handle)
+        synchronize(hvd, handle)
 
 
 def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Sequence[int]],
@@ -141,12 +142,12 @@ def run_probes_sharing(hvd: Any, plan: Sequence[tuple[str, int]],
         j = partner.get(i)
         for _ in range(count):
             t0 = time.perf_counter()
-            hvd.synchronize(_start(hvd, kind, buf, name, kw))
+            synchronize(hvd, _start(hvd, kind, buf, name, kw))
             t1 = time.perf_counter()
             if kind == "broadcast":
                 then_kind, then_name, then_buf = ops[j] if j is not None else (
                     "allreduce", barrier_name, barrier_buf)
-                hvd.synchronize(_start(hvd, then_kind, then_buf, then_name, kw))
+                synchronize(hvd, _start(hvd, then_kind, then_buf, then_name, kw))
                 then_ms = 1e3 * (time.perf_counter() - t1)
             samples.append((kind, buf.numel() * 4))
             timings.append(1e3 * (t1 - t0))

@@ -49,6 +49,7 @@ from .error_feedback import commit_residual, gain, has_nonfinite, squared_norm
 from .messages import GradMessage
 from .selectors import star_root, var_root
 from .topk import k_for, select_topk
+from .waiting import synchronize
 
 __all__ = ["StepConfig", "Pending", "MessageOutcome", "launch", "advance", "finish", "wire_dtype",
            "ar_extra_entries", "combine_control", "combine_timings", "delivered_ms",
@@ -265,7 +266,8 @@ def launch(msg: GradMessage, cfg: StepConfig) -> Pending:
         local_sq = squared_norm(error_fed.index_select(0, local_idx.long()))
         pending.compress_s += time.perf_counter() - t0
         t1 = time.perf_counter()
-        norms = hvd.allgather(torch.tensor([local_sq], dtype=_F64), name=msg.name + ".var", **kw)
+        norms = synchronize(hvd, hvd.allgather_async(torch.tensor([local_sq], dtype=_F64),
+                                                     name=msg.name + ".var", **kw))
         pending.var_s = time.perf_counter() - t1
         pending.comm_s += pending.var_s
         t0 = time.perf_counter()
@@ -293,7 +295,7 @@ def advance(pending: Pending) -> None:
     if pending.cfg.path != "allreduce" or pending.phase != "launched":
         return
     cfg, hvd = pending.cfg, pending.cfg.hvd
-    hvd.synchronize(pending.handle)
+    synchronize(hvd, pending.handle)
     t0 = time.perf_counter()
     pending.first_s = t0 - pending.comm_started
     pending.comm_s += pending.first_s
@@ -346,7 +348,7 @@ def finish(pending: Pending) -> MessageOutcome:
     """
     advance(pending)
     cfg, hvd, msg = pending.cfg, pending.cfg.hvd, pending.msg
-    output = hvd.synchronize(pending.handle)
+    output = synchronize(hvd, pending.handle)
     t0 = time.perf_counter()
     if cfg.path == "dense":
         output = output.to(msg.dtype)  # a no-op unless the gradient travelled in wire_dtype
