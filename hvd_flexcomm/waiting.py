@@ -4,9 +4,10 @@
 between polls, on the calling (training) thread. Where ranks share cores -- more ranks than
 cores, as on this project's 2-core test bed with N = 4 -- the ranks already waiting in a
 collective keep that loop running (almost all of it kernel time), and the one rank still
-computing (the rank the collective waits for) gets a small share of the CPU: on the test bed a
-rank's 30 ms of forward and backward stretched to 1-19 s in some steps while the other three
-ranks' training threads took about 90% of both cores (``docs/performance/stalls.md``).
+computing (the rank the collective waits for) gets a small share of the CPU: on the test bed
+some steps' 30 ms of forward and backward on one rank stretched to 1-19 s, and in the stalls
+sampled the other three ranks' training threads took 75-87% of both cores meanwhile, the
+stalled rank's under 1% (``docs/performance/stalls.md``).
 
 :func:`wait` polls instead with ``time.sleep`` between polls, from :data:`FIRST_SLEEP_S`
 doubling to :data:`MAX_SLEEP_S`: a waiting rank sleeps, and the straggler and Horovod's

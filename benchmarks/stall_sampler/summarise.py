@@ -1,17 +1,21 @@
 """Summarise the logs of ``sitecustomize.py`` (this directory): the waits outside collectives.
 
-    python benchmarks/stall_sampler/summarise.py LOG_DIR [--min-ms 700]
+    python benchmarks/stall_sampler/summarise.py LOG_DIR [--min-ms 700] [--procmon OUT.jsonl]
 
 Prints every ``starved`` event and every ``held`` event of at least ``--min-ms`` whose stack lies
 in a training step (it passes through the job's ``run_method``) and does not end in Horovod's
 ``synchronize`` wait (a rank waiting in a collective waits for another rank or the network, not
-for itself), with its rank, time and innermost frames; then counts by innermost function.
+for itself), with its rank, time and innermost frames; then counts by innermost function. With
+``--procmon`` (the output of ``procmon.py``, recorded meanwhile): for each such held event of
+at least 1 s, the CPU ticks (1/100 s) each rank's busiest thread used during it, and the
+machine's idle ticks.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import re
 import sys
@@ -52,11 +56,32 @@ def in_step_outside_collectives(event: dict) -> bool:
             and "horovod_init" not in event["text"])
 
 
+def cpu_during(rows: list[dict], t0: float, t1: float) -> Optional[str]:
+    """Per rank, the ticks its busiest thread used between ``t0`` and ``t1`` (unix s), and the
+    machine's idle ticks, from ``procmon.py`` rows; None without two rows in the window."""
+    win = [r for r in rows if t0 <= r["t"] <= t1]
+    if len(win) < 2:
+        return None
+    a, b = win[0], win[-1]
+    parts = []
+    for rank in sorted(k for k in b if k.isdigit()):
+        ta, tb = a.get(rank + "t", {}), b.get(rank + "t", {})
+        used = [tb[tid][1] - ta[tid][1] for tid in tb if tid in ta]
+        parts.append(f"rank {rank} {max(used) if used else 0}")
+    idle = int(b["cpu"][3]) - int(a["cpu"][3])
+    return f"busiest thread's ticks over {b['t'] - a['t']:.2f} s: " + ", ".join(parts) + f"; idle {idle}"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log_dir")
     ap.add_argument("--min-ms", type=int, default=700)
+    ap.add_argument("--procmon", help="procmon.py's output for the same jobs")
     args = ap.parse_args(argv)
+    rows = []
+    if args.procmon:
+        with open(args.procmon) as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
     events = read_events(args.log_dir)
     if not events:
         print(f"no events in {args.log_dir}")
@@ -69,6 +94,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         label = f"{os.path.basename(inner[0])}:{inner[2]}" if e["frames"] else "-"
         where[(e["kind"], label)] += 1
         print(f"rank {e['rank']} {e['kind']:7s} {e['ms']:6d} ms at {e['t']:.1f}  {label}")
+        long_hold = e["kind"] == "held" and e["ms"] >= 1000
+        cpu = cpu_during(rows, e["t"] - e["ms"] / 1e3, e["t"]) if long_hold else None
+        if cpu:
+            print(f"    {cpu}")
     print("\nby innermost frame:")
     for (kind, label), n in where.most_common():
         print(f"  {n:3d}  {kind:7s} {label}")
