@@ -41,10 +41,10 @@ def flexible_mode(settings: dict[str, Any], cr: float) -> Any:
 
 #: glibc malloc settings that keep the memory a rank frees inside the rank (no ``munmap`` of large
 #: blocks, no trim of the heap's top), so that the next allocation reuses pages already mapped.
-#: On this VM a page handed back to the kernel costs a fresh fault the next time it is touched,
-#: several times dearer than on bare metal (``benchmarks/bench_page_faults.py``: 256 MB
-#: allocated and touched 25-50x slower than a reused heap), and training steps held in single
-#: torch ops for 1-12 s were traced to it (``docs/performance/stalls.md``).
+#: On this VM a page handed back to the kernel costs a slow fault the next time it is touched
+#: (``benchmarks/bench_page_faults.py``: 256 MB allocated and written 27x slower than from a
+#: heap that kept it). It was a suspect for the stalled steps and not their cause (those were
+#: CPU starvation, ``docs/performance/stalls.md``); it stays to keep that cost out of the steps.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
 #: Set to ``0`` in a driver's environment to launch jobs with glibc's default malloc settings.
 KEEP_FREED_MEMORY_ENV = "HVD_FLEXCOMM_BENCH_KEEP_FREED_MEMORY"

@@ -8,7 +8,8 @@ process that Horovod starts (``HOROVOD_RANK`` set) then writes ``r<rank>_<pid>.l
   CPU, or the thread no GIL, for that long);
 - ``held <unix s> ms=<ms>`` and a stack: the main thread's stack stayed the same for over 700 ms
   (sampled every 50 ms); the stack where it waited follows (a wait in a collective ends in
-  Horovod's ``synchronize``; a stall outside collectives ends anywhere else).
+  Horovod's ``synchronize``, or in ``hvd_flexcomm/waiting.py``; a stall outside collectives ends
+  anywhere else).
 
 ``benchmarks/bench_adaptive.py`` passes ``PYTHONPATH`` on to its jobs (``jobctl.job_env``). Used for
 ``docs/performance/stalls.md``. Loaded by Python's ``site`` module at start-up; does nothing

@@ -4,9 +4,9 @@
 
 Prints every ``starved`` event and every ``held`` event of at least ``--min-ms`` whose stack lies
 in a training step (it passes through the job's ``run_method``) and does not end in Horovod's
-``synchronize`` wait (a rank waiting in a collective waits for another rank or the network, not
-for itself), with its rank, time and innermost frames; then counts by innermost function. With
-``--procmon`` (the output of ``procmon.py``, recorded meanwhile): for each such held event of
+wait or hvd_flexcomm's polling one (a rank waiting in a collective waits for another rank or
+the network, not for itself), with its rank, time and innermost frames; then counts by innermost
+function. With ``--procmon`` (the output of ``procmon.py``, recorded meanwhile): for each such held event of
 at least 1 s, the CPU ticks (1/100 s) each rank's busiest thread used during it, and the
 machine's idle ticks.
 """
@@ -24,7 +24,8 @@ from typing import Optional
 
 EVENT = re.compile(r"^(held|starved) (\d+\.\d+) ms=(\d+)")
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-WAIT = "horovod_torch_wait_and_clear"
+#: A stack in a collective's wait: Horovod's loop, or hvd_flexcomm's polling one (waiting.py).
+WAITS = ("horovod_torch_wait_and_clear", "hvd_flexcomm/waiting.py")
 
 
 def read_events(log_dir: str) -> list[dict]:
@@ -51,9 +52,10 @@ def read_events(log_dir: str) -> list[dict]:
 
 
 def in_step_outside_collectives(event: dict) -> bool:
-    """A held event in a training step, not in Horovod's wait."""
-    return ("run_method" in event["text"] and WAIT not in event["text"]
-            and "horovod_init" not in event["text"])
+    """A held event in a training step, not in a collective's wait (:data:`WAITS`)."""
+    text = event["text"]
+    return ("run_method" in text and not any(w in text for w in WAITS)
+            and "horovod_init" not in text)
 
 
 def cpu_during(rows: list[dict], t0: float, t1: float) -> Optional[str]:
