@@ -456,6 +456,12 @@ class Adaptive(Flexible):
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs
       of 40-110 s). A second timing per size only averaged two samples; the spans (on real
       steps) and the steps at the CR in use check the model afterwards.
+    - ``probe_top_cr``: the largest CR whose size a **full probe** times (None, the default:
+      ``c_high``). The probe's top size moves the most bytes, twice (its warm-up op and its
+      timed op), while the fixed cost of an op is paid at every size; a lower top (e.g. 0.033,
+      the second candidate) still gives each line a base of many times the fixed cost's size
+      and extrapolates it to the CRs above. Spans still run at the ends of the candidates, so
+      steps at ``c_high`` check the extrapolation. Must lie in ``(c_low, c_high]``.
     """
 
     cr: Optional[float] = None  # None: starting_cr(c_low, c_high), set in __post_init__
@@ -480,6 +486,7 @@ class Adaptive(Flexible):
     span_every: int = 50
     span_settle_steps: int = 4
     probe_repeats: int = 1
+    probe_top_cr: Optional[float] = None
     reprobe_by: str = "probes"
     #: True when ``cr`` was not given: the first CR is picked at the start-up probe (see ``cr``);
     #: ``cr`` then holds :func:`starting_cr`, the fallback. Set from ``cr``, not an argument.
@@ -505,6 +512,15 @@ class Adaptive(Flexible):
             raise ValueError(f"candidates {cands} must cover [c_low, c_high] = [{lo:g}, {hi:g}]: "
                              "the gain curve is measured at the candidates only, and is not "
                              "extrapolated beyond them")
+        if self.probe_top_cr is not None:
+            try:
+                top = validate_cr(self.probe_top_cr)
+            except (TypeError, ValueError):
+                top = None
+            if top is None or not lo < top <= hi:
+                raise ValueError(f"probe_top_cr must be None or a CR in (c_low, c_high] = "
+                                 f"({lo:g}, {hi:g}], got {self.probe_top_cr!r}")
+            object.__setattr__(self, "probe_top_cr", top)
         w = self.weights
         if (not isinstance(w, (tuple, list)) or len(w) != 2
                 or not all(isinstance(x, (int, float)) and x > 0 and math.isfinite(x) for x in w)):

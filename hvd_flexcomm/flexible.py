@@ -274,7 +274,8 @@ class FlexibleController:
         """``(plan, repeats, kind)`` of the probes due before ``step``, or an empty plan.
 
         ``"full"`` (start-up; after drift when there are candidate CRs): two sizes per collective
-        kind, the ends of the span ``k/8 .. k`` (or of the k of every CR in ``probe_crs``),
+        kind, the ends of the span ``k/8 .. k`` (or of the k of every CR in ``probe_crs``, each
+        capped at Adaptive's ``probe_top_cr`` if set),
         ``probe_repeats`` timings each, except Flexible's size in use ``k``, timed once (the first
         warm step of each path replaces the probe's timings at ``k``, see :meth:`observe_step`, so a
         second timing there would cost about one more op of that size for nothing kept). ``repeats``
@@ -298,6 +299,9 @@ class FlexibleController:
             crs = [cr]
             if self.probe_crs:
                 crs = list(self.probe_crs) + ([cr] if cr <= max(self.probe_crs) else [])
+                top = getattr(self.mode, "probe_top_cr", None)
+                if top is not None:  # Adaptive: the lines extrapolate above the top size
+                    crs = [min(c, top) for c in crs]
             ks = probe_ks(self.numel, crs)
             # per k: AR-Topk's broadcast right before its allreduce, which follows it as in a
             # step (``run_probes`` times them in pairs, no barrier op)

@@ -1136,3 +1136,28 @@ def test_a_re_measure_whose_timings_never_arrive_is_given_up():
     assert ctrl.remeasure_why == "drift"
     assert ctrl.decide(2 + REMEASURE_MAX_WAIT, 0.01) == "allgather"
     assert ctrl.remeasure_why is None and ctrl.router.current == "allgather"
+
+
+def test_probe_top_cr_caps_the_full_probe_sizes():
+    """``Adaptive(probe_top_cr=0.033)``: the start-up probe's top size is k(0.033), not k(c_high)
+    (its bottom stays k(c_low)); the lines fitted through it predict the CRs above it by
+    extrapolation, exactly on a linear network."""
+    capped = FlexibleController(Adaptive(cr=0.01, probe_top_cr=0.033), world_size=4, numel=NUMEL)
+    full = FlexibleController(Adaptive(cr=0.01), world_size=4, numel=NUMEL)
+    for ctrl in (capped, full):
+        ctrl.probe_crs = (0.1, 0.033, 0.011, 0.004, 0.001)
+    plan, _, what = capped.probe_plan(0, 0.01)
+    assert what == "full"
+    for kind in ("allgather", "broadcast", "allreduce"):
+        assert sorted(b for k, b in plan if k == kind) == sorted(
+            {capped.payload_bytes(k_for(c, NUMEL))[kind] for c in (0.001, 0.033)})
+    assert max(b for _, b in plan) < max(b for _, b in full.probe_plan(0, 0.01)[0])
+    _probe(capped, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6, fixed_ms=100.0)
+    want = {"allgather": 100.0 + 1e-4 * capped.payload_bytes(k_for(0.1, NUMEL))["allgather"]}
+    assert capped.predict(0.1)["allgather"] == pytest.approx(want["allgather"], rel=1e-6)
+
+
+@pytest.mark.parametrize("top", [0.001, 0.0005, 0.2, 0.0, "0.033", True])
+def test_probe_top_cr_must_lie_in_the_searched_range(top):
+    with pytest.raises(ValueError, match=f"probe_top_cr must be None or a CR in .*{top!r}"):
+        Adaptive(probe_top_cr=top)
