@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["Adaptive", "Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS", "starting_cr",
-           "validate_cr"]
+__all__ = ["Adaptive", "Dense", "AGTopk", "ARTopk", "Flexible", "TopkCompression", "SELECTORS",
+           "default_probe_top_cr", "starting_cr", "validate_cr"]
 
 #: Root-selection policies of AR-Topk.
 SELECTORS = ("star", "var")
@@ -281,6 +282,14 @@ def _check_fraction(name: str, value: Any, allow_zero: bool) -> None:
         raise ValueError(f"{name} must be a fraction in {bounds}, got {value!r}")
 
 
+def default_probe_top_cr(candidates: Sequence[float], c_low: float, c_high: float) -> float:
+    """Adaptive's default ``probe_top_cr``: the largest of ``candidates`` strictly between
+    ``c_low`` and ``c_high``, or ``c_high`` when none is. Pure function; the result lies in
+    ``(c_low, c_high]`` for ``c_low < c_high``."""
+    inside = [float(c) for c in candidates if c_low < c < c_high]
+    return max(inside) if inside else float(c_high)
+
+
 #: Candidate CRs of the paper (0.1 / 3^i, rounded as published).
 DEFAULT_CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)
 
@@ -456,12 +465,17 @@ class Adaptive(Flexible):
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs
       of 40-110 s). A second timing per size only averaged two samples; the spans (on real
       steps) and the steps at the CR in use check the model afterwards.
-    - ``probe_top_cr``: the largest CR whose size a **full probe** times (None, the default:
-      ``c_high``). The probe's top size moves the most bytes, twice (its warm-up op and its
-      timed op), while the fixed cost of an op is paid at every size; a lower top (e.g. 0.033,
-      the second candidate) still gives each line a base of many times the fixed cost's size
-      and extrapolates it to the CRs above. Spans still run at the ends of the candidates, so
-      steps at ``c_high`` check the extrapolation. Must lie in ``(c_low, c_high]``.
+    - ``probe_top_cr``: the largest CR whose size a **full probe** times. Default (None): the
+      largest candidate strictly between ``c_low`` and ``c_high`` (0.033 with the default
+      candidates; ``c_high`` when there is none), set in ``__post_init__``; ``c_high`` times the
+      whole range, as before. The probe's top size moves the most bytes, twice (its warm-up op
+      and its timed op), while an op's fixed cost is paid at every size: one third of the top
+      still gives each line a base 33x wide and extrapolates it to the CRs above. In the A/B of
+      ``docs/performance/adaptive_status.md`` (N=4, 100 Mbit/s, 5 ms one way, six seeds in one
+      run) the start-up probe took 1.3-1.5 s instead of 1.9-2.2 s, and its predictions at the
+      candidates, 0.1 included, lay within a few percent of the full range's. Spans still run at
+      the ends of the candidates, so steps at ``c_high`` check the extrapolation. Must lie in
+      ``(c_low, c_high]``.
     """
 
     cr: Optional[float] = None  # None: starting_cr(c_low, c_high), set in __post_init__
@@ -512,7 +526,9 @@ class Adaptive(Flexible):
             raise ValueError(f"candidates {cands} must cover [c_low, c_high] = [{lo:g}, {hi:g}]: "
                              "the gain curve is measured at the candidates only, and is not "
                              "extrapolated beyond them")
-        if self.probe_top_cr is not None:
+        if self.probe_top_cr is None:
+            object.__setattr__(self, "probe_top_cr", default_probe_top_cr(cands, lo, hi))
+        else:
             try:
                 top = validate_cr(self.probe_top_cr)
             except (TypeError, ValueError):

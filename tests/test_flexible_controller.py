@@ -972,7 +972,8 @@ def test_levels_of_probes_or_of_candidate_crs_never_hold_the_route():
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=0.0)
     assert ctrl.decide(0, 0.01) == "allgather"
     assert not ctrl.level_unsettled("allgather", 0.01)
-    adaptive = FlexibleController(Adaptive(level_steps=3), world_size=2, numel=NUMEL)
+    adaptive = FlexibleController(Adaptive(level_steps=3, probe_top_cr=0.1), world_size=2,
+                                  numel=NUMEL)  # the probe times the size the step runs
     adaptive.probe_crs = (0.1, 0.001)
     _probe(adaptive, 0, 0.1, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-5, fixed_ms=1.0)
     assert adaptive.decide(0, 0.1) == "allgather"
@@ -1140,10 +1141,10 @@ def test_a_re_measure_whose_timings_never_arrive_is_given_up():
 
 def test_probe_top_cr_caps_the_full_probe_sizes():
     """``Adaptive(probe_top_cr=0.033)``: the start-up probe's top size is k(0.033), not k(c_high)
-    (its bottom stays k(c_low)); the lines fitted through it predict the CRs above it by
-    extrapolation, exactly on a linear network."""
+    (``probe_top_cr=0.1``; its bottom stays k(c_low)); the lines fitted through it predict the
+    CRs above it by extrapolation, exactly on a linear network."""
     capped = FlexibleController(Adaptive(cr=0.01, probe_top_cr=0.033), world_size=4, numel=NUMEL)
-    full = FlexibleController(Adaptive(cr=0.01), world_size=4, numel=NUMEL)
+    full = FlexibleController(Adaptive(cr=0.01, probe_top_cr=0.1), world_size=4, numel=NUMEL)
     for ctrl in (capped, full):
         ctrl.probe_crs = (0.1, 0.033, 0.011, 0.004, 0.001)
     plan, _, what = capped.probe_plan(0, 0.01)
@@ -1161,3 +1162,17 @@ def test_probe_top_cr_caps_the_full_probe_sizes():
 def test_probe_top_cr_must_lie_in_the_searched_range(top):
     with pytest.raises(ValueError, match=f"probe_top_cr must be None or a CR in .*{top!r}"):
         Adaptive(probe_top_cr=top)
+
+
+@pytest.mark.parametrize("candidates, c_low, c_high, top", [
+    ((0.1, 0.033, 0.011, 0.004, 0.001), 0.001, 0.1, 0.033),  # the default: the second candidate
+    ((0.1, 0.033, 0.011, 0.004, 0.001), 0.001, 0.02, 0.011),  # below a lower c_high
+    ((0.1, 0.001), 0.001, 0.1, 0.1),  # no candidate inside: the whole range
+    ((0.5, 0.05, 0.01), 0.01, 0.05, 0.05),  # c_high itself a candidate, none strictly inside
+])
+def test_default_probe_top_cr_is_the_largest_candidate_inside_the_range(candidates, c_low, c_high,
+                                                                       top):
+    from hvd_flexcomm.compression import default_probe_top_cr
+
+    assert default_probe_top_cr(candidates, c_low, c_high) == top
+    assert Adaptive(candidates=candidates, c_low=c_low, c_high=c_high).probe_top_cr == top
