@@ -472,8 +472,9 @@ class Adaptive(Flexible):
       and its timed op), while an op's fixed cost is paid at every size: one third of the top
       still gives each line a base 33x wide and extrapolates it to the CRs above. In the A/B of
       ``docs/performance/adaptive_status.md`` (N=4, 100 Mbit/s, 5 ms one way, six seeds in one
-      run) the start-up probe took 1.3-1.5 s instead of 1.9-2.2 s, and its predictions at the
-      candidates, 0.1 included, lay within a few percent of the full range's. Spans still run at
+      run) the start-up probe took 1.28-1.51 s instead of 1.85-2.21 s, and its extrapolation to
+      CR 0.1 lay 1-8% below the full range's prediction there (11% in the seed whose timing at
+      0.1 came out high). Spans still run at
       the ends of the candidates, so steps at ``c_high`` check the extrapolation. Must lie in
       ``(c_low, c_high]``.
     """
