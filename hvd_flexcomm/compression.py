@@ -474,9 +474,8 @@ class Adaptive(Flexible):
       ``docs/performance/adaptive_status.md`` (N=4, 100 Mbit/s, 5 ms one way, six seeds in one
       run) the start-up probe took 1.28-1.51 s instead of 1.85-2.21 s, and its extrapolation to
       CR 0.1 lay 1-8% below the full range's prediction there (11% in the seed whose timing at
-      0.1 came out high). Spans still run at
-      the ends of the candidates, so steps at ``c_high`` check the extrapolation. Must lie in
-      ``(c_low, c_high]``.
+      0.1 came out high). Spans still run at the ends of the candidates, so steps at
+      ``c_high`` check the extrapolation. Must lie in ``(c_low, c_high]``.
     """
 
     cr: Optional[float] = None  # None: starting_cr(c_low, c_high), set in __post_init__

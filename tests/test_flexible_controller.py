@@ -1154,8 +1154,8 @@ def test_probe_top_cr_caps_the_full_probe_sizes():
             {capped.payload_bytes(k_for(c, NUMEL))[kind] for c in (0.001, 0.033)})
     assert max(b for _, b in plan) < max(b for _, b in full.probe_plan(0, 0.01)[0])
     _probe(capped, 0, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-6, fixed_ms=100.0)
-    want = {"allgather": 100.0 + 1e-4 * capped.payload_bytes(k_for(0.1, NUMEL))["allgather"]}
-    assert capped.predict(0.1)["allgather"] == pytest.approx(want["allgather"], rel=1e-6)
+    want_ms = 100.0 + 1e-4 * capped.payload_bytes(k_for(0.1, NUMEL))["allgather"]
+    assert capped.predict(0.1)["allgather"] == pytest.approx(want_ms, rel=1e-6)
 
 
 @pytest.mark.parametrize("top", [0.001, 0.0005, 0.2, 0.0, "0.033", True])
