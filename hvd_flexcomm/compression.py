@@ -311,6 +311,7 @@ def starting_cr(c_low: float, c_high: float) -> float:
 
 
 TIME_SCALES = ("step", "front", "tta")  # Adaptive.time_scale: see moo.normalise_front, moo.PICKS
+START_BY = ("probe", "steps")  # Adaptive.start_by: how the cost model is first calibrated
 
 
 @dataclass(frozen=True)
@@ -476,6 +477,21 @@ class Adaptive(Flexible):
       CR 0.1 lay 1-8% below the full range's prediction there (11% in the seed whose timing at
       0.1 came out high). Spans still run at the ends of the candidates, so steps at
       ``c_high`` check the extrapolation. Must lie in ``(c_low, c_high]``.
+    - ``start_by``: how the cost model is first calibrated. ``"probe"`` (the default): the
+      start-up probe above, before step 0, during which no training happens. ``"steps"``: on the
+      first real training steps instead, as the spans re-measure it later: each sparse path
+      (AG-Topk, then AR-Topk) runs two steps at ``probe_top_cr`` and two at ``c_low`` under the
+      span steps' own collective names (the first step at each size pays Horovod's negotiation
+      and is not timed; the second is), 8 steps in all, which train like any other step (the
+      error feedback keeps what a step at ``c_low`` does not send). Each step's timings arrive
+      with the next step's payload, so the model is calibrated one step after the last of them;
+      that step runs at ``cr`` on AG-Topk. Until then no optimisation starts
+      (``FlexibleController.recalibrating``); the first CR then comes from the first
+      optimisation (an announcement) instead of the start-up probe, and a later drift with
+      ``span_steps=0`` still runs a full probe. With a warm-up (``warmup_steps`` > 0), or a
+      message too small for the two sizes to lie ``calibration.MIN_SLOPE_SPAN`` apart, the
+      start-up probe runs as with ``"probe"``. If the start steps' timings have not all arrived
+      ``flexible.REMEASURE_MAX_WAIT`` steps after the last of them, a full probe runs instead.
     """
 
     cr: Optional[float] = None  # None: starting_cr(c_low, c_high), set in __post_init__
@@ -501,6 +517,7 @@ class Adaptive(Flexible):
     span_settle_steps: int = 4
     probe_repeats: int = 1
     probe_top_cr: Optional[float] = None
+    start_by: str = "probe"
     reprobe_by: str = "probes"
     #: True when ``cr`` was not given: the first CR is picked at the start-up probe (see ``cr``);
     #: ``cr`` then holds :func:`starting_cr`, the fallback. Set from ``cr``, not an argument.
@@ -515,6 +532,8 @@ class Adaptive(Flexible):
             raise ValueError(f"Adaptive re-measures by probes and span steps only (its candidate "
                              f"CRs need every slope): reprobe_by must be 'probes', got "
                              f"{self.reprobe_by!r}")
+        if self.start_by not in START_BY:
+            raise ValueError(f"start_by must be one of {START_BY}, got {self.start_by!r}")
         cands = tuple(sorted({validate_cr(c) for c in self.candidates}, reverse=True))
         if len(cands) < 2:
             raise ValueError(f"candidates needs at least two different CRs, got {self.candidates!r}")
@@ -557,7 +576,9 @@ class Adaptive(Flexible):
             raise ValueError(f"time_scale must be one of {TIME_SCALES}, got {self.time_scale!r}")
 
     def describe(self) -> str:
-        cr = f"from the start-up probe, else {self.cr:g}" if self.first_cr_from_probe else f"{self.cr:g}"
-        return (f"Adaptive(cr={cr}, c_low={self.c_low:g}, c_high={self.c_high:g}, "
+        cr = (f"from the start-up probe, else {self.cr:g}"
+              if self.first_cr_from_probe and self.start_by == "probe" else f"{self.cr:g}")
+        start = "" if self.start_by == "probe" else f"start_by={self.start_by!r}, "
+        return (f"Adaptive(cr={cr}, {start}c_low={self.c_low:g}, c_high={self.c_high:g}, "
                 f"weights={self.weights}, warmup_steps={self.warmup_steps}, "
                 f"time_scale={self.time_scale!r}, selector={self.selector!r})")

@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from typing import Any, Optional, Union
 
-from .calibration import CollectiveCostModel, DriftDetector, probe_ks
+from .calibration import MIN_SLOPE_SPAN, CollectiveCostModel, DriftDetector, probe_ks
 from .compression import Flexible
 from .probing import BARRIER_BYTES, barriers_needed
 from .routing import PATHS, Router, choose_path
@@ -82,6 +82,11 @@ REMEASURE_MAX_WAIT = 5
 #: back is a switch too, so the path it leaves gets its own recheck (each such step costs
 #: about nothing where the paths are that close).
 RECHECK_AFTER_STEPS = 5
+
+#: Span roles (:meth:`FlexibleController.step_cr`) of the start-up calibration on real steps
+#: (``Adaptive(start_by="steps")``): the first step at a size (Horovod negotiates its names; not
+#: timed) and the timed one after it.
+START_ROLES = ("start-cold", "start")
 
 
 def _other_path(path: str) -> str:
@@ -214,6 +219,16 @@ class FlexibleController:
         #: decisions where the router would have left the path in use but its level at the size
         #: in use rested on fewer than ``mode.level_steps`` real steps (see :meth:`decide`)
         self.n_held_switches = 0
+        # The start-up calibration on real steps (Adaptive(start_by="steps"), see
+        # :meth:`_begin_start_steps`): its steps still to run, ``(path, cr, role)`` each; its timed
+        # steps whose timings have not arrived; the step the last one ran at; the path of the one
+        # under way; whether it was given up for a full probe (timings lost); completed count.
+        self.start_plan: list = []
+        self.start_timed_left = 0
+        self.start_last_step: Optional[int] = None
+        self.start_path: Optional[str] = None
+        self.start_given_up = False
+        self.n_step_starts = 0
 
     # -- sizes -----------------------------------------------------------------------------------
     def payload_bytes(self, k: int) -> dict[str, int]:
@@ -268,6 +283,74 @@ class FlexibleController:
         always probes)."""
         return not self.probe_crs and getattr(self.mode, "reprobe_by", "probes") == "steps"
 
+    @property
+    def start_pending(self) -> bool:
+        """The start-up calibration on real steps is under way: steps of it still to run, or
+        timings of its timed steps still to arrive."""
+        return bool(self.start_plan) or self.start_timed_left > 0
+
+    def _start_crs(self) -> Optional[tuple[float, float]]:
+        """``(top, low)``: the CRs whose sizes the start-up steps time (``probe_top_cr`` capped at
+        the largest probed CR, and the smallest), or None where ``Adaptive(start_by="steps")``
+        does not apply: another mode, or a message so small that the two sizes lie less than
+        ``MIN_SLOPE_SPAN`` apart (the start-up probe then widens its range itself)."""
+        if not self.probe_crs or getattr(self.mode, "start_by", "probe") != "steps":
+            return None
+        top = min(max(self.probe_crs), getattr(self.mode, "probe_top_cr", None) or 1.0)
+        low = min(self.probe_crs)
+        if k_for(top, self.numel) < MIN_SLOPE_SPAN * k_for(low, self.numel):
+            return None
+        return top, low
+
+    def _begin_start_steps(self, step: int) -> bool:
+        """At ``step``, instead of the start-up probe (``Adaptive(start_by="steps")``): schedule
+        the start-up calibration on real steps, each sparse path (allgather first) at the sizes
+        of the two CRs of :meth:`_start_crs`, the top one first, two steps per size: the first
+        negotiates the size's names (role ``"start-cold"``, not timed), the second is timed
+        (``"start"``). They run under the span steps' names (``.span<k>``; later spans at the same
+        size find their names negotiated). Returns False (nothing scheduled: the probe runs)
+        where it does not apply: a warm-up step (``dense_until_step``), a start that was given up
+        (:meth:`_give_up_start_steps`), or no pair of CRs. Same on every rank (shared state)."""
+        crs = self._start_crs()
+        if crs is None or self.start_given_up or step < self.dense_until_step:
+            return False
+        self.start_plan = [(path, cr, role) for path in PATHS for cr in crs for role in START_ROLES]
+        self.start_timed_left = 2 * len(crs)
+        self.spanned_ks |= {(path, k_for(cr, self.numel)) for path in PATHS for cr in crs}
+        self.full_probe_due = False
+        log.info("hvd_flexcomm: step %d: start-up calibration on %d real steps (no probe): each "
+                 "sparse path at cr %s, one negotiating and one timed step per size", step,
+                 len(self.start_plan), " and ".join(f"{c:g}" for c in crs))
+        return True
+
+    def _give_up_start_steps(self, step: int) -> None:
+        """The start-up steps' timings did not all arrive :data:`REMEASURE_MAX_WAIT` steps after
+        the last of them ran: forget them, and run the full probe at once."""
+        log.warning("hvd_flexcomm: step %d: %d timing(s) of the start-up steps never arrived; a "
+                    "start-up probe runs instead", step, self.start_timed_left)
+        self.start_plan, self.start_timed_left, self.start_given_up = [], 0, True
+        for fit in self.model.fits.values():
+            fit.reset()
+        self.full_probe_due = True
+
+    def _observe_start_step(self, samples: list, role: str) -> None:
+        """A start-up step's timings (``role`` from :data:`START_ROLES`): a timed one's go into
+        the fits; when the last has arrived the model is calibrated (counted in
+        :attr:`model_version`) and the router decides afresh."""
+        if role != "start" or self.start_timed_left <= 0:
+            return
+        for kind, nbytes, ms in samples:
+            self.model.observe(kind, nbytes, ms)
+        self.start_timed_left -= 1
+        if self.start_pending:
+            return
+        self.n_step_starts += 1
+        self.last_probe_step = self.start_last_step or 0  # spans and refreshes count from here
+        self.router.reset()
+        log.info("hvd_flexcomm: start-up calibration on real steps done: %s", "; ".join(
+            f"{kind} {fit.a_ms:.2f} ms + {1e6 * fit.b_ms_per_byte:.2f} ms/MB"
+            for kind, fit in self.model.fits.items() if fit.n_samples and fit.has_slope))
+
     # -- probing ---------------------------------------------------------------------------------
     def probe_plan(self, step: int, cr: float
                    ) -> tuple[list[tuple[str, int]], Union[int, list[int]], str]:
@@ -295,6 +378,13 @@ class FlexibleController:
         the path not in use runs real steps instead (:meth:`_remeasure`).
         """
         k = k_for(cr, self.numel)
+        if (self.start_pending and not self.start_plan
+                and step - (self.start_last_step or 0) > REMEASURE_MAX_WAIT):
+            self._give_up_start_steps(step)
+        if self.full_probe_due and not self.model.is_calibrated():
+            self._begin_start_steps(step)
+        if self.start_pending:  # the start-up steps calibrate the model: nothing to probe
+            return [], 0, "full"
         if self.full_probe_due:
             crs = [cr]
             if self.probe_crs:
@@ -451,16 +541,16 @@ class FlexibleController:
         the drift probe; a solve after its span alone, with the allgather still on the 25 ms
         link's slope, saw 233 ms at CR 0.001 and kept CR 0.08-0.1, and the solve with both
         slopes, 10 steps later, picked 0.019: the second span came 2 steps after the first.)"""
-        return (self.probe_due or self.span_other_due or self.span_second_path is not None
-                or (self.span_open and self.span_after_drift))
+        return (self.probe_due or self.start_pending or self.span_other_due
+                or self.span_second_path is not None or (self.span_open and self.span_after_drift))
 
     @property
     def model_version(self) -> int:
         """Counts the recalibrations of the model that Adaptive re-optimises on: full probes and
         spans that moved it (a drift probe under spans is followed by two spans, one per sparse
         path, and each counts; Adaptive solves once both are judged, see
-        :attr:`recalibrating`)."""
-        return self.n_full_probes + self.n_span_moves
+        :attr:`recalibrating`), and start-up calibrations on real steps."""
+        return self.n_full_probes + self.n_span_moves + self.n_step_starts
 
     # -- re-measuring by steps (Flexible, reprobe_by="steps") -------------------------------------
     def _remeasure(self, why: str, route: str) -> None:
@@ -588,13 +678,21 @@ class FlexibleController:
         from unlimited, 25 ms to 100 Mbit/s, 5 ms one way, the route moved to AR-Topk after the
         drift probe, the spans re-measured AR-Topk only, and the allgather kept the 25 ms link's
         flat slope: the solver saw 313 ms at CR 0.1 and 212 ms at 0.001, where AG-Topk at 0.01
-        took 106 ms.) A span step runs on :meth:`step_path`; :attr:`path` stays the route."""
+        took 106 ms.) A span step runs on :meth:`step_path`; :attr:`path` stays the route.
+
+        While the start-up calibration on real steps has steps to run
+        (:meth:`_begin_start_steps`), each step is the next of them: its CR and role (one of
+        :data:`START_ROLES`), and no span starts until its timings are all in."""
+        if self.start_plan:
+            self.start_path, start_cr, role = self.start_plan.pop(0)
+            self.start_last_step = step
+            return start_cr, role
         if self.span_left > 0:
             self.span_left -= 1
             self.n_span_steps += 1
             return self.span_cr, "span"
         if (not self.spans_on or self.path not in PATHS or self.probe_due or self.span_open
-                or step < self.dense_until_step):
+                or self.start_pending or step < self.dense_until_step):
             return cr, None
         n = int(self.mode.span_steps)
         since = step - max(self.last_probe_step, self.dense_until_step,
@@ -658,7 +756,10 @@ class FlexibleController:
     def step_path(self, role: Optional[str]) -> Optional[str]:
         """The path of a step whose span role (from :meth:`step_cr`) is ``role``: the span's path
         at span steps (the other sparse path for the second span after a drift probe), else the
-        path in use (:attr:`path`)."""
+        path in use (:attr:`path`); a start-up step's own path at start-up steps
+        (:meth:`_begin_start_steps`)."""
+        if role in START_ROLES:
+            return self.start_path
         return self.span_path if role is not None and self.span_path else self.path
 
     # -- steps -----------------------------------------------------------------------------------
@@ -667,7 +768,13 @@ class FlexibleController:
         or ``"dense"`` before ``dense_until_step`` when the allreduce fit, extrapolated to the
         whole gradient, predicts a dense allreduce cheaper by more than the hysteresis (the sparse
         predictions at a warm-up CR are extrapolated from the same fits, so the two compare
-        like with like; probing the dense size itself would cost several steps)."""
+        like with like; probing the dense size itself would cost several steps). Before the
+        start-up calibration on real steps is in (``Adaptive(start_by="steps")``) there is no
+        model: the route steps run the allgather, predicting nothing."""
+        if not self.model.is_calibrated() and self.start_pending:
+            self.predicted_ms = {}
+            self.path = "allgather"
+            return self.path
         self.predicted_ms = self.predict(cr)
         self._remeasure_checks(step, cr)
         current = self.router.current
@@ -795,7 +902,6 @@ class FlexibleController:
             return  # no previous step (first step after start or a probe)
         k = k_for(cr, self.numel)
         sizes = self.payload_bytes(k)
-        predicted = self.predict(cr)[path]
         if path == "allgather":
             samples = [("allgather", sizes["allgather"], t1)]
         else:
@@ -804,6 +910,12 @@ class FlexibleController:
                 samples.append(("allgather", VAR_GATHER_BYTES, t_var))
         measured = sum(ms for _, _, ms in samples)
         self.step_comm_ms_total += measured
+        if role in START_ROLES:
+            self._observe_start_step(samples, role)
+            return
+        if not self.model.is_calibrated():  # a route step before the start-up steps' timings
+            return
+        predicted = self.predict(cr)[path]
         if role in ("span", "cold"):
             self._observe_span_step(samples, cr, path, role)
             return
@@ -987,7 +1099,7 @@ class FlexibleController:
                 "n_span_steps": self.n_span_steps,
                 "n_span_moves": self.n_span_moves, "n_span_confirms": self.n_span_confirms,
                 "n_span_offs": self.n_span_offs, "span_off_side": self.span_off_side,
-                **self._after_drift_state()}
+                "n_step_starts": self.n_step_starts, **self._after_drift_state()}
 
     def _after_drift_state(self) -> dict[str, Any]:
         """The spans after drift still due, for a checkpoint: a span under way is not resumed
@@ -1033,4 +1145,7 @@ class FlexibleController:
         self.span_second_path = state.get("span_second_path")
         self.drift_anchor_bytes = {k: int(v) for k, v in
                                    state.get("drift_anchor_bytes", {}).items()}
+        self.n_step_starts = int(state.get("n_step_starts", 0))
+        # a start-up on real steps under way is not resumed: an uncalibrated model starts again
+        self.start_plan, self.start_timed_left, self.start_given_up = [], 0, False
         self.full_probe_due = not self.model.is_calibrated()

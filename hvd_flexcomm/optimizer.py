@@ -339,8 +339,9 @@ class _FlexMethods(torch.optim.Optimizer):
         plan, repeats, kind = ctrl.probe_plan(self._flex_step, cr)
         if plan:
             # Adaptive(cr=None): rank 0's gains and time outside communication ride with the
-            # start-up probe's timings, and every rank picks the first CR from them
-            picking = (adaptive is not None and kind == "full"
+            # start-up probe's timings, and every rank picks the first CR from them (not at a
+            # full probe after a start-up calibrated on real steps: the first solve picks)
+            picking = (adaptive is not None and kind == "full" and ctrl.n_step_starts == 0
                        and adaptive.starts_probe_pick(self._flex_step))
             share = adaptive.probe_share(self._flex_step, self._flex_error_fed,
                                          self._flex_first_other_ms) if picking else ()

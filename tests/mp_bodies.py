@@ -539,6 +539,30 @@ def adaptive_first_cr(steps: int = 12) -> dict:
     return out
 
 
+def adaptive_start_by_steps(steps: int = 16) -> dict:
+    """``Adaptive(start_by="steps")`` on real collectives: per step, the CR, path, span flag and
+    probe kind every rank reports; the controller's start count and fitted lines; rank 0's
+    solves."""
+    import horovod.torch as hvd
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
+    mode = hvd_flexcomm.Adaptive(start_by="steps", reprobe_interval=0)
+    opt = hvd_flexcomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                            named_parameters=model.named_parameters(),
+                                            compression=mode)
+    rows = []
+    for step in range(steps):
+        _train_step(model, opt, step, hvd.rank())
+        stats = opt.last_stats
+        rows.append((stats["cr"], stats["collective"], stats["span"], stats.get("probe_kind")))
+    flex, adaptive = opt._flex_controller, opt._flex_adaptive
+    return {"rows": rows, "starting_cr": mode.cr, "n_step_starts": flex.n_step_starts,
+            "calibrated": flex.model.is_calibrated(), "n_full_probes": flex.n_full_probes,
+            "fits": {kind: (fit.a_ms, fit.b_ms_per_byte) for kind, fit in flex.model.fits.items()},
+            "solves": [(s["step"], s["reason"]) for s in adaptive.solves]}
+
+
 def spans_after_drift(steps: int = 70, drift_at: int = 30) -> dict:
     """Adaptive on real collectives, with the state a drift probe leaves (``span_other_due``, a
     span due at ``drift_at``) set alike on every rank at ``drift_at``: the span on the path in

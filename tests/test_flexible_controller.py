@@ -1176,3 +1176,124 @@ def test_default_probe_top_cr_is_the_largest_candidate_inside_the_range(candidat
 
     assert default_probe_top_cr(candidates, c_low, c_high) == top
     assert Adaptive(candidates=candidates, c_low=c_low, c_high=c_high).probe_top_cr == top
+
+
+# -- the start-up calibration on real steps (Adaptive(start_by="steps")) ------------------------
+CANDIDATE_CRS = (0.1, 0.033, 0.011, 0.004, 0.001)
+
+
+def _linear_step_ms(path, cr, cold, numel=NUMEL, world_size=4):
+    """(first, second) collective ms of a step on a linear network (allgather 10 ms + 1e-4
+    ms/byte, broadcast 5 + 1e-5, allreduce 5 + 2e-5); a cold step 4x that."""
+    sizes = FlexibleController(Flexible(cr=cr), world_size, numel).payload_bytes(k_for(cr, numel))
+    factor = 4.0 if cold else 1.0
+    if path == "allgather":
+        return factor * (10.0 + 1e-4 * sizes["allgather"]), 0.0
+    return factor * (5.0 + 1e-5 * sizes["broadcast"]), factor * (5.0 + 2e-5 * sizes["allreduce"])
+
+
+def _drive(ctrl, steps, cr=0.01, step_ms=_linear_step_ms, lost=()):
+    """The optimizer's calls for each of ``steps``: the due probe (none may be due), the route
+    decision, the step's CR and role, its start; then the timings of the step before (they ride
+    in this step's payload; those of the steps in ``lost`` never arrive) and the next decision.
+    Returns ``[(path, cr, role), ...]`` and the recalibrating flag after each step."""
+    ran, flags, sent = [], [], None
+    for step in steps:
+        plan, _, _ = ctrl.probe_plan(step, cr)
+        if plan:
+            return ran, flags, plan
+        if ctrl.path is None:
+            ctrl.decide(step, cr)
+        step_cr, role = ctrl.step_cr(step, cr)
+        path = ctrl.step_path(role)
+        cold = ctrl.start_route_step(path, step_cr)[0] if role is None else role == "start-cold"
+        t1, t2 = step_ms(path, step_cr, cold)
+        if sent is not None:
+            ctrl.observe_step(*sent[:3], cold=sent[3])
+        sent = None if step in lost else ([PATH_CODES[path], t1, t2, 0.0], step_cr, role,
+                                          cold and role is None)
+        ran.append((path, step_cr, role))
+        if not ctrl.probe_due:
+            ctrl.decide(step + 1, cr)
+        flags.append(ctrl.recalibrating)
+    return ran, flags, []
+
+
+def _start_ctrl(numel=NUMEL, **kw):
+    ctrl = FlexibleController(Adaptive(cr=0.01, start_by="steps", **kw), world_size=4, numel=numel)
+    ctrl.probe_crs = CANDIDATE_CRS + (0.001, 0.1)  # as the optimizer sets them
+    return ctrl
+
+
+def test_start_by_steps_calibrates_both_paths_on_real_steps_without_a_probe():
+    """``start_by="steps"``: no probe; steps 0-7 run each sparse path at k(probe_top_cr) and
+    k(c_low), a negotiating (cold) step then a timed one per size, under span names; step 8 runs
+    the CR in use on the allgather; the model is calibrated when step 7's timings arrive (with
+    step 8's payload), from the timed steps alone, and exactly on a linear network; the route
+    then takes the cheaper path."""
+    ctrl = _start_ctrl()
+    ran, recalibrating, plan = _drive(ctrl, range(12))
+    assert plan == []  # no probe at any step
+    want = [(path, cr, role) for path in ("allgather", "allreduce") for cr in (0.033, 0.001)
+            for role in ("start-cold", "start")]
+    assert ran[:8] == want
+    assert ran[8] == ("allgather", 0.01, None)  # before the model: the allgather
+    assert ran[9:] == [("allreduce", 0.01, None)] * 3  # the cheaper path on this network
+    assert recalibrating[:8] == [True] * 8 and recalibrating[8:] == [False] * 4
+    assert ctrl.n_step_starts == 1 and ctrl.model_version == 1 and ctrl.n_full_probes == 0
+    assert ctrl.last_probe_step == 7  # spans and refreshes count from the last start step
+    for cr in (0.1, 0.01, 0.001):  # the cold steps' 4x timings are not in the fits
+        ag, bc_ar = _linear_step_ms("allgather", cr, False), _linear_step_ms("allreduce", cr, False)
+        assert ctrl.predict(cr)["allgather"] == pytest.approx(ag[0], rel=1e-6)
+        assert ctrl.predict(cr)["allreduce"] == pytest.approx(sum(bc_ar), rel=1e-6)
+    assert {("allgather", k_for(0.001, NUMEL)), ("allreduce", k_for(0.033, NUMEL))} <= ctrl.spanned_ks
+
+
+@pytest.mark.parametrize("why", ["probe", "warm-up", "small message"])
+def test_start_by_steps_falls_back_to_the_start_up_probe(why):
+    """The start-up probe runs instead: the default ``start_by="probe"``, a warm-up step
+    (``dense_until_step``), or a message whose two sizes lie under MIN_SLOPE_SPAN apart."""
+    if why == "probe":
+        ctrl = FlexibleController(Adaptive(cr=0.01), world_size=4, numel=NUMEL)
+        ctrl.probe_crs = CANDIDATE_CRS
+    elif why == "warm-up":
+        ctrl = _start_ctrl()
+        ctrl.dense_until_step = 5
+    else:
+        ctrl = _start_ctrl(numel=40)  # k(0.033) = 1 = k(0.001)
+    plan, _, kind = ctrl.probe_plan(0, 0.01)
+    assert plan and kind == "full" and not ctrl.start_pending
+
+
+def test_start_steps_whose_timings_never_arrive_give_way_to_a_probe():
+    """Step 5's timings are lost: REMEASURE_MAX_WAIT steps after the last start step (7) the
+    start is given up, the fits start afresh and the full probe runs (once: not the steps
+    again)."""
+    ctrl = _start_ctrl()
+    ran, recalibrating, plan = _drive(ctrl, range(30), lost={5})
+    assert len(ran) == 8 + 5 and all(recalibrating)  # steps 8-12 wait for the lost timing
+    assert plan and ctrl.full_probe_due and ctrl.start_given_up and not ctrl.start_pending
+    _probe(ctrl, 13, 0.01, ag_ms_per_byte=1e-4, ar_ms_per_byte=1e-5)
+    assert ctrl.n_full_probes == 1 and not ctrl.recalibrating
+
+
+def test_a_start_on_steps_under_way_starts_again_after_a_checkpoint():
+    """A checkpoint taken during the start steps holds no model: the loaded controller runs
+    the start steps from the first; one taken after them keeps the model and the count."""
+    ctrl = _start_ctrl()
+    _drive(ctrl, range(4))
+    fresh = _start_ctrl()
+    fresh.load_dict(ctrl.to_dict())
+    assert fresh.full_probe_due and not fresh.start_pending
+    ran, _, plan = _drive(fresh, range(4, 14))
+    assert plan == [] and ran[0] == ("allgather", 0.033, "start-cold")
+    assert fresh.n_step_starts == 1
+    again = _start_ctrl()
+    again.load_dict(fresh.to_dict())
+    assert again.n_step_starts == 1 and not again.full_probe_due
+    assert again.predict(0.1) == fresh.predict(0.1)
+
+
+def test_start_by_must_be_probe_or_steps():
+    with pytest.raises(ValueError, match="start_by must be one of .*'probes'"):
+        Adaptive(start_by="probes")

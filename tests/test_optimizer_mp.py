@@ -177,6 +177,24 @@ def test_default_adaptive_picks_its_first_cr_at_the_start_up_probe():
     assert all(cr == r0["crs"][0] for cr, span in zip(r0["crs"][:until], r0["spans"]) if not span)
 
 
+def test_adaptive_start_by_steps_calibrates_on_training_steps_alike_on_every_rank():
+    """``Adaptive(start_by="steps")``: no probe; steps 0-7 train on AG-Topk then AR-Topk at
+    ``probe_top_cr`` and ``c_low`` (span steps), step 8 at the starting CR; every rank reports
+    the same steps and ends with the same model, calibrated once, and rank 0's first solve
+    waits for it."""
+    results = run_parallel("tests.mp_bodies:adaptive_start_by_steps", np=2, timeout=180)
+    r0 = results[0]
+    for r in results:
+        assert r["rows"] == r0["rows"] and r["fits"] == r0["fits"]
+    want = [(cr, path, True, None) for path in ("allgather", "allreduce")
+            for cr in (0.033, 0.033, 0.001, 0.001)]
+    assert r0["rows"][:8] == want
+    assert r0["rows"][8] == (r0["starting_cr"], "allgather", False, None)
+    assert all(row[3] is None for row in r0["rows"])  # no probe at any step
+    assert r0["calibrated"] and r0["n_step_starts"] == 1 and r0["n_full_probes"] == 0
+    assert r0["solves"] and r0["solves"][0][0] >= 9  # after step 7's timings (step 8's payload)
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_adaptive_cr_identical_on_every_rank_and_never_blocks(controller):
     results = run_parallel("tests.mp_bodies:adaptive_run", np=2, controller=controller,
