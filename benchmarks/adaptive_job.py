@@ -228,7 +228,8 @@ class Job:
                                   "n_span_steps": ctrl.n_span_steps,
                                   "n_span_moves": ctrl.n_span_moves,
                                   "n_span_confirms": ctrl.n_span_confirms,
-                                  "n_span_offs": ctrl.n_span_offs}
+                                  "n_span_offs": ctrl.n_span_offs,
+                                  "n_step_starts": ctrl.n_step_starts}
         ada = getattr(opt, "_flex_adaptive", None)
         if ada is not None:
             res = ada.last_result

@@ -375,7 +375,10 @@ class FlexibleController:
         allgather that combines their timings over ranks, and a barrier after any broadcast that no
         allreduce follows). Under
         ``reprobe_by="steps"`` (Flexible's default) neither a drift probe nor a refresh is planned:
-        the path not in use runs real steps instead (:meth:`_remeasure`).
+        the path not in use runs real steps instead (:meth:`_remeasure`). Under
+        ``Adaptive(start_by="steps")`` the start-up plans no probe: the plan is empty while the
+        start-up steps run and their timings arrive (:meth:`_begin_start_steps`), and a full
+        probe follows only if those timings are lost (:meth:`_give_up_start_steps`).
         """
         k = k_for(cr, self.numel)
         if (self.start_pending and not self.start_plan

@@ -190,7 +190,9 @@ def test_adaptive_start_by_steps_calibrates_on_training_steps_alike_on_every_ran
             for cr in (0.033, 0.033, 0.001, 0.001)]
     assert r0["rows"][:8] == want
     assert r0["rows"][8] == (r0["starting_cr"], "allgather", False, None)
-    assert all(row[3] is None for row in r0["rows"])  # no probe at any step
+    assert all(row[3] is None for row in r0["rows"][:9])  # no start-up probe
+    # no full probe later either (a drift probe may fire on a loaded machine's timings)
+    assert all(row[3] != "full" for row in r0["rows"])
     assert r0["calibrated"] and r0["n_step_starts"] == 1 and r0["n_full_probes"] == 0
     assert r0["solves"] and r0["solves"][0][0] >= 9  # after step 7's timings (step 8's payload)
 
