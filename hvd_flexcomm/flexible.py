@@ -296,32 +296,31 @@ class FlexibleController:
         ``MIN_SLOPE_SPAN`` apart (the start-up probe then widens its range itself)."""
         if not self.probe_crs or getattr(self.mode, "start_by", "probe") != "steps":
             return None
-        top = min(max(self.probe_crs), getattr(self.mode, "probe_top_cr", None) or 1.0)
+        top = min(max(self.probe_crs), self.mode.probe_top_cr)  # Adaptive: resolved, never None
         low = min(self.probe_crs)
         if k_for(top, self.numel) < MIN_SLOPE_SPAN * k_for(low, self.numel):
             return None
         return top, low
 
-    def _begin_start_steps(self, step: int) -> bool:
+    def _begin_start_steps(self, step: int) -> None:
         """At ``step``, instead of the start-up probe (``Adaptive(start_by="steps")``): schedule
         the start-up calibration on real steps, each sparse path (allgather first) at the sizes
         of the two CRs of :meth:`_start_crs`, the top one first, two steps per size: the first
         negotiates the size's names (role ``"start-cold"``, not timed), the second is timed
         (``"start"``). They run under the span steps' names (``.span<k>``; later spans at the same
-        size find their names negotiated). Returns False (nothing scheduled: the probe runs)
-        where it does not apply: a warm-up step (``dense_until_step``), a start that was given up
+        size find their names negotiated). Schedules nothing (the probe runs) where it does not
+        apply: a warm-up step (``dense_until_step``), a start that was given up
         (:meth:`_give_up_start_steps`), or no pair of CRs. Same on every rank (shared state)."""
         crs = self._start_crs()
         if crs is None or self.start_given_up or step < self.dense_until_step:
-            return False
+            return
         self.start_plan = [(path, cr, role) for path in PATHS for cr in crs for role in START_ROLES]
-        self.start_timed_left = 2 * len(crs)
+        self.start_timed_left = sum(role == "start" for _, _, role in self.start_plan)
         self.spanned_ks |= {(path, k_for(cr, self.numel)) for path in PATHS for cr in crs}
         self.full_probe_due = False
         log.info("hvd_flexcomm: step %d: start-up calibration on %d real steps (no probe): each "
                  "sparse path at cr %s, one negotiating and one timed step per size", step,
                  len(self.start_plan), " and ".join(f"{c:g}" for c in crs))
-        return True
 
     def _give_up_start_steps(self, step: int) -> None:
         """The start-up steps' timings did not all arrive :data:`REMEASURE_MAX_WAIT` steps after
@@ -774,7 +773,7 @@ class FlexibleController:
         like with like; probing the dense size itself would cost several steps). Before the
         start-up calibration on real steps is in (``Adaptive(start_by="steps")``) there is no
         model: the route steps run the allgather, predicting nothing."""
-        if not self.model.is_calibrated() and self.start_pending:
+        if self.start_pending:  # the model is complete only once the start's last timing is in
             self.predicted_ms = {}
             self.path = "allgather"
             return self.path
@@ -916,7 +915,7 @@ class FlexibleController:
         if role in START_ROLES:
             self._observe_start_step(samples, role)
             return
-        if not self.model.is_calibrated():  # a route step before the start-up steps' timings
+        if self.start_pending:  # a route step before the start-up steps' timings: no model yet
             return
         predicted = self.predict(cr)[path]
         if role in ("span", "cold"):
