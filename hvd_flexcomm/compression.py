@@ -494,8 +494,8 @@ class Adaptive(Flexible):
       ``flexible.REMEASURE_MAX_WAIT`` steps after the last of them, a full probe runs instead.
       Measured (N=4, ``docs/performance/adaptive_status.md``): the start-up cost 0.46 s a run
       less than the probe's at 100 Mbit/s, 5 ms one way, and about 1 s less at 25 ms one way
-      (where the probe took 5.4-5.6 s, but an AR-Topk step is two Horovod ops of 0.5-0.6 s
-      each); the times to the target did not differ beyond the seeds' spread, so the probe
+      (where the probe took 5.4-5.6 s, but an AR-Topk step is two Horovod ops, each dear
+      there); the times to the target did not differ beyond the seeds' spread, so the probe
       stays the default.
     """
 
