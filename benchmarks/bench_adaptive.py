@@ -74,7 +74,9 @@ each method seed by seed (in how many seeds it was faster, the median per-seed r
 two-sided sign test: 5 of 5 seeds gives p = 0.062, so at least 6 seeds are needed to show a
 difference at p < 0.05). ``--render-seeds DIR1 DIR2 ... --out O`` pools the seeds of several
 ``--seeds`` runs with the same settings (refused, naming them, when settings differ or a seed
-repeats) into one summary under ``O``, e.g. a run of seeds 47-51 with an earlier one of 42-46.
+repeats) into one summary under ``O``, e.g. a run of seeds 47-51 with an earlier one of 42-46;
+``--pool-methods NAME NAME=SOURCE ...`` keeps only those methods and takes a run's ``SOURCE`` as
+``NAME`` where it has one (arms of two A/B runs that ran the same code under different names).
 
 Writes ``adaptive.json`` (everything, including every step's CR, collective and timings),
 ``adaptive.md`` (the table), ``accuracy_vs_time.png`` (accuracy vs training time, every method)
@@ -983,6 +985,16 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
         lines += ["Pooled from runs with the same settings: " + "; ".join(
             f"`{src}` (seeds {', '.join(map(str, seeds_of))})" for src, seeds_of in sources.items())
             + ".", ""]
+    renamed: dict[tuple[str, str, str], list] = {}
+    for res in results:
+        for name, taken in (res["settings"].get("pooled_as") or {}).items():
+            if taken != name:
+                renamed.setdefault((name, taken, res.get("source", "?")), []).append(
+                    res["settings"]["seed"])
+    if renamed:
+        lines += ["Methods pooled under one name (`--pool-methods`): " + "; ".join(
+            f"**{name}** is `{taken}` in `{src}` (seeds {', '.join(map(str, seeds_of))})"
+            for (name, taken, src), seeds_of in renamed.items()) + ".", ""]
     lines += ["| method | " + " | ".join(f"seed {x} (s)" for x in seeds)
               + f" | median (s) | reached | final acc vs Dense (pts) | last {LAST_EVALS} evals vs "
               "Dense (pts) | mean step (ms) |",
@@ -1120,20 +1132,69 @@ def read_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
     return results
 
 
-def load_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
+def parse_pool_methods(specs: list[str]) -> list[tuple[str, str]]:
+    """``--pool-methods`` entries, each ``NAME`` or ``NAME=SOURCE``, as ``(NAME, SOURCE)`` pairs
+    (``SOURCE`` is ``NAME`` where not given). Raises ``ValueError`` naming an empty or repeated
+    ``NAME``. Pure function."""
+    pairs: list[tuple[str, str]] = []
+    for spec in specs:
+        name, _, source = spec.partition("=")
+        name, source = name.strip(), (source.strip() or name.strip())
+        if not name:
+            raise ValueError(f"--pool-methods entry {spec!r} names no method")
+        if name in (n for n, _ in pairs):
+            raise ValueError(f"--pool-methods names {name!r} twice")
+        pairs.append((name, source))
+    return pairs
+
+
+def select_methods(result: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The run ``result`` with only the methods of ``pairs`` (:func:`parse_pool_methods`), in
+    that order: for each ``(NAME, SOURCE)`` the run's method named ``SOURCE``, renamed ``NAME``,
+    where the run has one, else its method named ``NAME``; every other method dropped; rows and
+    assessment re-summarised. For pooling arms that ran the same code under different names
+    (an option spelled out in one run that is the default in a later one). ``settings["methods"]``
+    keeps the kept entries, renamed, and ``pooled_as`` maps each ``NAME`` to the method it came
+    from. Raises ``ValueError`` naming the run's seed and ``NAME`` where it has neither."""
+    by_name = {rec["method"]["name"]: rec for rec in result["records"]}
+    records, plan, pooled_as = [], [], {}
+    for name, source in pairs:
+        taken = source if source in by_name else name
+        if taken not in by_name:
+            raise ValueError(f"seed {result['settings'].get('seed')} ({result.get('source', '?')!r}) "
+                             f"has no method {source!r} or {name!r}; it has {sorted(by_name)}")
+        rec = dict(by_name[taken], method=dict(by_name[taken]["method"], name=name))
+        records.append(rec)
+        plan.append(rec["method"])
+        pooled_as[name] = taken
+    settings = dict(result["settings"], methods=plan, pooled_as=pooled_as)
+    return resummarize(dict(result, records=records, settings=settings))
+
+
+def load_seed_runs(dirs: list[str],
+                   pool_methods: Optional[list[tuple[str, str]]] = None) -> list[dict[str, Any]]:
     """Every ``seed*/adaptive.json`` under each of ``dirs`` (:func:`read_seed_runs`), in seed
     order. Pools runs of one setting: raises ``ValueError`` naming the directory and the
     settings when a run's settings differ from the first's (other than
-    :data:`POOL_FREE_SETTINGS`), when a seed appears twice, or when a directory holds no run."""
+    :data:`POOL_FREE_SETTINGS`), when a seed appears twice, or when a directory holds no run.
+    ``pool_methods``: keep only these methods of every run (:func:`select_methods`); the
+    methods' options are then not compared (the caller vouches that each ``NAME`` ran the same
+    code in every run), their names and kinds are."""
     results = read_seed_runs(dirs)
+    if pool_methods:
+        results = [select_methods(res, pool_methods) for res in results]
+    free = POOL_FREE_SETTINGS + (("pooled_as",) if pool_methods else ())
 
     def setting(res: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in res["settings"].items() if k not in POOL_FREE_SETTINGS}
+        kept = {k: v for k, v in res["settings"].items() if k not in free}
+        if pool_methods:
+            kept["methods"] = [(m["name"], m["kind"]) for m in kept.get("methods", [])]
+        return kept
 
     first = setting(results[0])
     for res in results[1:]:
-        differ = sorted(k for k in set(first) | set(setting(res))
-                        if first.get(k) != res["settings"].get(k))
+        theirs = setting(res)
+        differ = sorted(k for k in set(first) | set(theirs) if first.get(k) != theirs.get(k))
         if differ:
             raise ValueError(f"{res['source']!r} (seed {res['settings'].get('seed')}) was run with "
                              f"other settings than {results[0]['source']!r}: {', '.join(differ)}")
@@ -1219,14 +1280,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="re-render the summary of a --seeds run (written into DIR); several "
                          "DIRs: pool their seeds (same settings, distinct seeds) into one "
                          "summary under --out")
+    ap.add_argument("--pool-methods", metavar="NAME[=SOURCE]", nargs="+", default=None,
+                    help="with --render-seeds: keep only these methods of every run; NAME=SOURCE "
+                         "takes a run's method SOURCE as NAME where the run has it (arms that ran "
+                         "the same code under other names), else its method NAME")
     args = ap.parse_args(argv)
     # every job this run launches (jobctl.job_env) reads it; set either way, so each run says
     os.environ[KEEP_FREED_MEMORY_ENV] = "1" if args.keep_freed_memory else "0"
     os.environ[WAIT_ENV] = args.wait
 
+    if args.pool_methods and not args.render_seeds:
+        ap.error("--pool-methods goes with --render-seeds")
     if args.render_seeds:
         try:
-            loaded = load_seed_runs(args.render_seeds)
+            pool = parse_pool_methods(args.pool_methods) if args.pool_methods else None
+            loaded = load_seed_runs(args.render_seeds, pool)
         except ValueError as exc:
             ap.error(str(exc))
         out = args.render_seeds[0] if len(args.render_seeds) == 1 else args.out

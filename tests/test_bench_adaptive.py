@@ -545,6 +545,50 @@ def test_render_seeds_pools_runs_of_one_setting_and_names_what_differs(tmp_path)
     assert not (tmp_path / "a" / "seeds.md").exists()  # one DIR: written into it; several: --out
 
 
+def test_render_seeds_pools_renamed_arms_with_pool_methods(tmp_path):
+    """``--pool-methods NAME NAME=SOURCE`` keeps only the named methods of every run, takes a
+    run's ``SOURCE`` as ``NAME`` where the run has it (else its ``NAME``), says so in the summary,
+    and refuses, naming them, a run with neither and a name given twice."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_adaptive as bench
+
+    def save(run_dir, seed, arm_names):
+        run = _saved_run(seed)
+        ada = run["records"][2]
+        run["records"][2] = dict(ada, method=dict(ada["method"], name=arm_names[0]))
+        for extra in arm_names[1:]:  # a second arm, slower: it reaches 0.84 one evaluation later
+            rec = _method_record(extra, "adaptive", [0.1, 0.80, 0.83, 0.835, 0.84, 0.83])
+            run["records"].append(rec)
+        run["settings"]["methods"] = [r["method"] for r in run["records"]]
+        (run_dir / f"seed{seed}").mkdir(parents=True)
+        (run_dir / f"seed{seed}" / "adaptive.json").write_text(json.dumps(run))
+
+    save(tmp_path / "old", 1, ["Adaptive", "Adaptive (cap=2)"])  # the cap a later default
+    save(tmp_path / "new", 2, ["Adaptive", "Adaptive (other=1)"])
+    with pytest.raises(ValueError, match="other settings"):  # different method lists
+        bench.load_seed_runs([str(tmp_path / "old"), str(tmp_path / "new")])
+    pool = bench.parse_pool_methods(["Dense", "AG-Topk 0.01", "Adaptive=Adaptive (cap=2)"])
+    assert pool[2] == ("Adaptive", "Adaptive (cap=2)") and pool[0] == ("Dense", "Dense")
+    pooled = bench.load_seed_runs([str(tmp_path / "old"), str(tmp_path / "new")], pool)
+    assert [[r["name"] for r in res["rows"]] for res in pooled] == [["Dense", "AG-Topk 0.01",
+                                                                    "Adaptive"]] * 2
+    # seed 1's Adaptive is the renamed (slower) arm, seed 2's its own Adaptive
+    assert pooled[0]["settings"]["pooled_as"]["Adaptive"] == "Adaptive (cap=2)"
+    assert pooled[1]["settings"]["pooled_as"]["Adaptive"] == "Adaptive"
+    assert pooled[0]["rows"][2]["time_to_target_s"] != pooled[1]["rows"][2]["time_to_target_s"]
+    out = tmp_path / "pooled"
+    assert bench.main(["--render-seeds", str(tmp_path / "old"), str(tmp_path / "new"), "--out",
+                       str(out), "--pool-methods", "Dense", "AG-Topk 0.01",
+                       "Adaptive=Adaptive (cap=2)"]) == 0
+    md = (out / "seeds.md").read_text()
+    assert f"**Adaptive** is `Adaptive (cap=2)` in `{tmp_path / 'old'}` (seeds 1)" in md
+    assert "other=1" not in md
+    with pytest.raises(ValueError, match="has no method 'Nope' or 'Gone'"):
+        bench.load_seed_runs([str(tmp_path / "old")], bench.parse_pool_methods(["Gone=Nope"]))
+    with pytest.raises(ValueError, match="names 'Dense' twice"):
+        bench.parse_pool_methods(["Dense", "Dense=AG-Topk 0.01"])
+
+
 def test_job_env_keeps_freed_memory_unless_turned_off(monkeypatch):
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from jobctl import KEEP_FREED_MEMORY, KEEP_FREED_MEMORY_ENV, job_env
