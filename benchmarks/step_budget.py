@@ -47,7 +47,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.bench_adaptive import STALL_FACTOR, read_seed_runs  # noqa: E402
+from benchmarks.bench_adaptive import (  # noqa: E402
+    STALL_FACTOR,
+    parse_pool_methods,
+    read_seed_runs,
+    select_methods,
+)
 from hvd_flexcomm.adaptive import ANNOUNCE_LAG_STEPS  # noqa: E402
 
 #: Steady steps a CR needs for a price of its own.
@@ -319,13 +324,18 @@ def plot(summary: dict[str, Any], path: str, ruler: str) -> None:
     plt.close(fig)
 
 
-def load_runs(dirs: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def load_runs(dirs: list[str], pool_methods: Optional[list[tuple[str, str]]] = None
+              ) -> list[tuple[str, dict[str, Any]]]:
     """``(label, resummarised result)`` of every ``seed*/adaptive.json`` under each of ``dirs``
     (label: the directory's name and the seed). Raises ValueError naming a directory without
     one. Runs of different library versions may be mixed: each seed is compared within its own
-    run only."""
+    run only. ``pool_methods``: keep only these methods, a run's ``SOURCE`` taken as ``NAME``
+    (``bench_adaptive.select_methods``)."""
+    results = read_seed_runs(dirs)
+    if pool_methods:
+        results = [select_methods(res, pool_methods) for res in results]
     return [(f"{os.path.basename(os.path.normpath(res['source']))} seed "
-             f"{res['settings']['seed']}", res) for res in read_seed_runs(dirs)]
+             f"{res['settings']['seed']}", res) for res in results]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -337,9 +347,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", help="also write the markdown to this file")
     ap.add_argument("--plot", metavar="PNG",
                     help="also plot each run's two ratios (see plot(); the first Adaptive's)")
+    ap.add_argument("--pool-methods", metavar="NAME[=SOURCE]", nargs="+", default=None,
+                    help="keep only these methods of every run; NAME=SOURCE takes a run's method "
+                         "SOURCE as NAME where it has one (as bench_adaptive.py --render-seeds)")
     args = ap.parse_args(argv)
     try:
-        runs = load_runs(args.dirs)
+        pool = parse_pool_methods(args.pool_methods) if args.pool_methods else None
+        runs = load_runs(args.dirs, pool)
     except ValueError as exc:
         ap.error(str(exc))
     per_run = [(label, run_budgets(result, args.smoothed)) for label, result in runs]
@@ -349,6 +363,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                  else [("Adaptive", compare(per_run))])
     summary = summaries[0][1]
     md = markdown(per_run, summaries, ruler)
+    renamed = sorted({f"**{name}** is `{taken}` in {label.rsplit(' seed ', 1)[0]}"
+                      for label, result in runs
+                      for name, taken in (result["settings"].get("pooled_as") or {}).items()
+                      if taken != name})
+    if renamed:
+        md += "\nMethods taken under another name (`--pool-methods`): " + "; ".join(renamed) + ".\n"
     print(md)
     if args.out:
         with open(args.out, "w") as fh:

@@ -114,3 +114,22 @@ def test_the_command_line_names_a_directory_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         sb.main([str(tmp_path)])
     assert str(tmp_path) in capsys.readouterr().err
+
+
+def test_pool_methods_keeps_one_arm_of_an_ab_run_under_another_name(tmp_path, capsys):
+    """``--pool-methods`` keeps only the named methods and takes an A/B run's other arm under
+    the name given: the budget then has one Adaptive, with that arm's steps, and says so."""
+    ab_run = os.path.join(REPO, "docs", "performance", "runs", "probe_top_ab_3340691")
+    arm = "Adaptive (warm-up 0) (probe_top_cr=0.033)"
+    out = tmp_path / "budget.md"
+    assert sb.main([ab_run, "--out", str(out), "--pool-methods", "AG-Topk 0.01",
+                    f"Adaptive={arm}"]) == 0
+    text = out.read_text()
+    assert "Adaptive against the best fixed CR of each run (6 runs)" in text
+    assert "Dense" not in text and "(warm-up 0) |" not in text
+    assert f"**Adaptive** is `{arm}` in probe_top_ab_3340691" in text
+    whole = dict(sb.load_runs([ab_run]))
+    for label, result in sb.load_runs([ab_run], [("Adaptive", arm)]):
+        (kept,) = sb.run_budgets(result)
+        (original,) = [e for e in sb.run_budgets(whole[label]) if e["name"] == arm]
+        assert kept["name"] == "Adaptive" and kept["time_s"] == original["time_s"]
