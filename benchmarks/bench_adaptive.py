@@ -145,13 +145,31 @@ ADAPTIVE_VARIANTS = {
 }
 
 
+def split_method_items(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets: ``adaptive:0,weights=[0.75,0.25]`` ->
+    ``["adaptive:0", "weights=[0.75,0.25]"]``. A ValueError names unbalanced brackets. Pure
+    function."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "[(") - (ch in "])")
+        if depth < 0:
+            break
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"bad method {text!r}: unbalanced brackets")
+    return items + [text[start:]]
+
+
 def parse_method(text: str, warmup_steps: int) -> dict[str, Any]:
     """``dense`` / ``ag:CR`` / ``ar:CR`` / ``flexible:CR`` / ``adaptive[:W]`` /
     ``adaptive-step[:W]`` / ``adaptive-front[:W]`` / ``adaptive-tta[:W]`` -> a plan entry. An
     Adaptive variant may end in ``,OPTION=VALUE`` items (``Adaptive``'s options, e.g.
     ``adaptive:0,span_settle_steps=4``): a second Adaptive beside the first in the same run,
-    named after them. A ValueError names a bad method or option."""
-    head, *extra = text.split(",")
+    named after them; a list value in brackets, e.g. ``weights=[0.75,0.25]``. A ValueError
+    names a bad method or option."""
+    head, *extra = split_method_items(text)
     kind, _, arg = head.lower().partition(":")
     if extra and kind not in ADAPTIVE_VARIANTS:
         raise ValueError(f"bad method {text!r}: ',OPTION=VALUE' items apply to Adaptive only")

@@ -377,7 +377,14 @@ def test_methods_parse_to_plan_entries_and_bad_ones_are_named():
     ab = parse_method("adaptive:0,span_settle_steps=4,time_scale=step", 50)
     assert ab["options"] == {"warmup_steps": 0, "span_settle_steps": 4, "time_scale": "step"}
     assert ab["name"] == "Adaptive (warm-up 0) (span_settle_steps=4, time_scale=step)"
+    # a list value: its commas are inside brackets
+    weighted = parse_method("adaptive:0,weights=[0.75,0.25],span_steps=2", 50)
+    assert weighted["options"] == {"warmup_steps": 0, "weights": [0.75, 0.25], "span_steps": 2}
+    assert weighted["name"] == "Adaptive (warm-up 0) (weights=[0.75, 0.25], span_steps=2)"
     for bad, needle in (("adaptive,span_settle_steps=0", "span_settle_steps must be"),
+                        ("adaptive:0,weights=[0.75,0.25", "unbalanced brackets"),
+                        ("adaptive:0,weights=0.75]", "unbalanced brackets"),
+                        ("adaptive:0,weights=[2,-1]", "weights"),
                         ("adaptive,no_such_option=1", "no_such_option"),
                         ("adaptive,span_settle_steps", "OPTION=VALUE"),
                         ("ag:0.01,span_settle_steps=4", "Adaptive only")):
