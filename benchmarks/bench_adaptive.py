@@ -1003,12 +1003,7 @@ def seeds_markdown(summary: dict[str, Any], results: list[dict[str, Any]]) -> st
         lines += ["Pooled from runs with the same settings: " + "; ".join(
             f"`{src}` (seeds {', '.join(map(str, seeds_of))})" for src, seeds_of in sources.items())
             + ".", ""]
-    renamed: dict[tuple[str, str, str], list] = {}
-    for res in results:
-        for name, taken in (res["settings"].get("pooled_as") or {}).items():
-            if taken != name:
-                renamed.setdefault((name, taken, res.get("source", "?")), []).append(
-                    res["settings"]["seed"])
+    renamed = renamed_arms(results)
     if renamed:
         lines += ["Methods pooled under one name (`--pool-methods`): " + "; ".join(
             f"**{name}** is `{taken}` in `{src}` (seeds {', '.join(map(str, seeds_of))})"
@@ -1133,10 +1128,13 @@ def seeds_plot(summary: dict[str, Any], path: str) -> None:
 POOL_FREE_SETTINGS = ("seed",)
 
 
-def read_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
+def read_seed_runs(dirs: list[str],
+                   pool_methods: Optional[list[tuple[str, str]]] = None) -> list[dict[str, Any]]:
     """Every ``seed*/adaptive.json`` under each of ``dirs``, re-summarised (:func:`resummarize`),
     in the order of ``dirs`` and of the seed directories' names, each with ``source`` (the
-    directory it came from). Raises ``ValueError`` naming a directory that holds no run."""
+    directory it came from). ``pool_methods``: keep only these methods of every run, a run's
+    ``SOURCE`` taken as ``NAME`` (:func:`select_methods`). Raises ``ValueError`` naming a
+    directory that holds no run."""
     results: list[dict[str, Any]] = []
     for d in dirs:
         found = sorted(glob.glob(os.path.join(d, "seed*", "adaptive.json")))
@@ -1146,8 +1144,21 @@ def read_seed_runs(dirs: list[str]) -> list[dict[str, Any]]:
             with open(path) as fh:
                 res = resummarize(json.load(fh))
             res["source"] = d
-            results.append(res)
+            results.append(select_methods(res, pool_methods) if pool_methods else res)
     return results
+
+
+def renamed_arms(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], list]:
+    """The arms :func:`select_methods` took under another name: ``(NAME, SOURCE, run
+    directory)`` -> the seeds, in the order of ``results``. Empty without ``--pool-methods``
+    (or where every ``NAME`` was the run's own). Pure function."""
+    renamed: dict[tuple[str, str, str], list] = {}
+    for res in results:
+        for name, taken in (res["settings"].get("pooled_as") or {}).items():
+            if taken != name:
+                renamed.setdefault((name, taken, res.get("source", "?")), []).append(
+                    res["settings"]["seed"])
+    return renamed
 
 
 def parse_pool_methods(specs: list[str]) -> list[tuple[str, str]]:
@@ -1198,9 +1209,7 @@ def load_seed_runs(dirs: list[str],
     ``pool_methods``: keep only these methods of every run (:func:`select_methods`); the
     methods' options are then not compared (the caller vouches that each ``NAME`` ran the same
     code in every run), their names and kinds are."""
-    results = read_seed_runs(dirs)
-    if pool_methods:
-        results = [select_methods(res, pool_methods) for res in results]
+    results = read_seed_runs(dirs, pool_methods)
     free = POOL_FREE_SETTINGS + (("pooled_as",) if pool_methods else ())
 
     def setting(res: dict[str, Any]) -> dict[str, Any]:

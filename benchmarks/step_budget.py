@@ -51,7 +51,7 @@ from benchmarks.bench_adaptive import (  # noqa: E402
     STALL_FACTOR,
     parse_pool_methods,
     read_seed_runs,
-    select_methods,
+    renamed_arms,
 )
 from hvd_flexcomm.adaptive import ANNOUNCE_LAG_STEPS  # noqa: E402
 
@@ -331,11 +331,8 @@ def load_runs(dirs: list[str], pool_methods: Optional[list[tuple[str, str]]] = N
     one. Runs of different library versions may be mixed: each seed is compared within its own
     run only. ``pool_methods``: keep only these methods, a run's ``SOURCE`` taken as ``NAME``
     (``bench_adaptive.select_methods``)."""
-    results = read_seed_runs(dirs)
-    if pool_methods:
-        results = [select_methods(res, pool_methods) for res in results]
     return [(f"{os.path.basename(os.path.normpath(res['source']))} seed "
-             f"{res['settings']['seed']}", res) for res in results]
+             f"{res['settings']['seed']}", res) for res in read_seed_runs(dirs, pool_methods)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -363,10 +360,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                  else [("Adaptive", compare(per_run))])
     summary = summaries[0][1]
     md = markdown(per_run, summaries, ruler)
-    renamed = sorted({f"**{name}** is `{taken}` in {label.rsplit(' seed ', 1)[0]}"
-                      for label, result in runs
-                      for name, taken in (result["settings"].get("pooled_as") or {}).items()
-                      if taken != name})
+    renamed = [f"**{name}** is `{taken}` in {os.path.basename(os.path.normpath(src))}"
+               for name, taken, src in renamed_arms([result for _, result in runs])]
     if renamed:
         md += "\nMethods taken under another name (`--pool-methods`): " + "; ".join(renamed) + ".\n"
     print(md)
