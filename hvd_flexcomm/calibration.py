@@ -40,11 +40,23 @@ The fitting procedure of :class:`LinearCostFit` is, deliberately, simple:
    ``a = y0`` and ``b = 0``. Either way the line passes through the measured point exactly. This
    matters in steady state, when every step measures the same k and the probe sizes have left the
    window: the level keeps tracking the measurements and the split keeps the last known slope.
+   **A point below the learned slope** (``y0 < prior·x0``: no fixed cost ``>= 0`` lets that slope
+   pass through it) does not flatten the line to one through the origin when the learned fit had
+   a fixed cost ``a_l > 0``: the learned line is scaled down to pass through the point, ``a =
+   s·a_l``, ``b = s·prior``, ``s = y0 / (a_l + prior·x0)`` (the fall is shared by the fixed cost
+   and the per-byte cost in proportion to their parts of the learned line's prediction at
+   ``x0``). Through the origin, a measurement at a large size predicted a small one at a fraction
+   of its cost: under Open MPI (static link, seed 43 of ``runs/mpi_d23dc39``) a drift probe timed
+   the allgather only at CR 0.034, below its learned line, and the line through the origin then
+   predicted 5.1 ms at CR 0.001 where span steps had measured 27-60 ms; the CR moved to 0.004
+   for 45 steps on it. The same scaling replaces a clamped negative level in 6.
 6. **a narrow span** of sizes (largest < ``MIN_SLOPE_SPAN`` × smallest, e.g. steps at CRs 0.016
    and 0.011 once the probe sizes have left the window) cannot pin the slope either: step-to-step
    noise would tilt it, even to zero, which makes every size cost the same. With a slope prior
    the slope is kept and only the level is fitted (weighted mean of ``value - b·x``); the learned
-   slope changes only through fits over a wide span (the probes).
+   slope changes only through fits over a wide span (the probes). A level below 0 (the values
+   lie below the learned slope through the origin) scales the learned line instead, as in 5, by
+   the weighted least-squares factor ``s`` of ``value ≈ s·(a_l + prior·x)``.
 7. **a wide base pins the slope**: once the slope was learned over sizes ``LEARN_SPAN`` (8) or
    more apart (the probes span the candidate CRs, 100x), a base narrower than 8x (and than
    that one) fits the level only, as in 6. Steps at two nearby CRs after a CR change (0.0057
@@ -144,6 +156,7 @@ class LinearCostFit:
         self.prior_b_ms_per_byte = prior_b_ms_per_byte
         self._samples: deque[tuple[float, float]] = deque(maxlen=self.window)
         self._learned_b: Optional[float] = None  # slope of the latest fit with >= 2 sizes
+        self._learned_a: Optional[float] = None  # and that fit's fixed cost (ms)
         #: the base (largest / smallest size) of the fit the learned slope came from
         self._learned_span: Optional[float] = None
         self._a: Optional[float] = None
@@ -191,6 +204,7 @@ class LinearCostFit:
         """Forget all samples and the learned slope (the constructor's prior is kept)."""
         self._samples.clear()
         self._learned_b = None
+        self._learned_a = None
         self._learned_span = None
         self._a = None
         self._b = None
@@ -252,11 +266,29 @@ class LinearCostFit:
         if prior is not None and base < needed:
             w = counts / np.maximum(levels, _MIN_MS_FOR_WEIGHT) ** 2
             level = float(np.sum(w * (levels - prior * sizes)) / np.sum(w))
-            self._a, self._b = max(level, 0.0), prior
+            if level < 0.0 and self._learned_line_has_fixed_cost(prior):
+                self._a, self._b = self._scaled_learned_line(sizes, levels, w)
+            else:
+                self._a, self._b = max(level, 0.0), prior
             return
         self._a, self._b = _weighted_constrained_line(sizes, levels, counts)
         if self._b > 0.0 or self._learned_b is None:  # a clamped zero is not a measured slope
-            self._learned_b, self._learned_span = self._b, base
+            self._learned_b, self._learned_a, self._learned_span = self._b, self._a, base
+
+    def _learned_line_has_fixed_cost(self, prior: float) -> bool:
+        """Whether ``prior`` is the learned slope and its fit had a fixed cost > 0 (a line that
+        can be scaled, module docstring 5)."""
+        return (self._learned_b is not None and prior == self._learned_b
+                and self._learned_a is not None and self._learned_a > 0.0)
+
+    def _scaled_learned_line(self, sizes: np.ndarray, levels: np.ndarray,
+                             weights: np.ndarray) -> tuple[float, float]:
+        """The learned line times the weighted least-squares factor ``s`` of ``levels ≈
+        s·(a_l + b_l·sizes)``: ``(s·a_l, s·b_l)``, both >= 0 (module docstring 5 and 6)."""
+        a_l, b_l = float(self._learned_a), float(self._learned_b)
+        shape = a_l + b_l * sizes
+        s = float(np.sum(weights * levels * shape) / np.sum(weights * shape * shape))
+        return s * a_l, s * b_l
 
     def _fit_single(self, x0: float, y0: float) -> tuple[float, float]:
         prior = self._slope_prior()
@@ -265,6 +297,8 @@ class LinearCostFit:
         ratio = y0 / x0
         if prior is None:
             return 0.0, ratio
+        if ratio < prior and self._learned_line_has_fixed_cost(prior):
+            return self._scaled_learned_line(np.array([x0]), np.array([y0]), np.ones(1))
         b = min(prior, ratio)
         return max(y0 - b * x0, 0.0), b
 
@@ -299,6 +333,7 @@ class LinearCostFit:
             "window": self.window,
             "prior_b_ms_per_byte": self.prior_b_ms_per_byte,
             "learned_b_ms_per_byte": self._learned_b,
+            "learned_a_ms": self._learned_a,
             "learned_span": self._learned_span,
             "samples": [[x, y] for x, y in self._samples],
         }
@@ -314,6 +349,8 @@ class LinearCostFit:
             fit._samples.append((float(x), float(y)))
         learned = state.get("learned_b_ms_per_byte")
         fit._learned_b = None if learned is None else float(learned)
+        learned_a = state.get("learned_a_ms")  # absent in states saved before it was kept
+        fit._learned_a = None if learned_a is None else float(learned_a)
         span = state.get("learned_span")
         fit._learned_span = None if span is None else float(span)
         fit._refit()  # with >= 2 sizes this recomputes the same slope; with 1 it uses `learned`

@@ -196,6 +196,61 @@ def test_single_size_with_prior_splits_at_the_measured_point():
     assert steep.a_ms == 0.0 and steep.b_ms_per_byte == pytest.approx(1e-3)
 
 
+def test_a_point_below_the_learned_slope_scales_the_learned_line():
+    """Seed 43 of runs/mpi_d23dc39: the allgather's line, learned over CRs 0.001 .. 0.034
+    (8 kB .. 268 kB a rank: 31 ms at 8 kB, 53 ms at 32 kB), lost its samples to a drift probe
+    that timed it at 268 kB only, at 150 ms: below the learned slope (246 ms from the slope
+    alone). A line through the origin there predicted 4.5 ms at 8 kB; the learned line scaled
+    to pass through the point keeps its fixed cost's share: 0.557 x 31 ms."""
+    small, mid, big = 8_000, 32_000, 268_000
+    b_l = 22.0 / (mid - small)
+    a_l = 31.0 - b_l * small
+    fit = LinearCostFit(window=16)
+    fit.extend([(small, 31.0), (mid, 53.0)])
+    assert (fit.a_ms, fit.b_ms_per_byte) == (pytest.approx(a_l), pytest.approx(b_l))
+    fit.reset_level()  # the drift probe: the old samples go, the learned line stays
+    fit.unpin_slope()
+    fit.add(big, 150.0)
+    s = 150.0 / (a_l + b_l * big)
+    assert s == pytest.approx(0.557, abs=1e-3)
+    assert fit.predict_ms(big) == pytest.approx(150.0)  # through the measured point
+    assert fit.a_ms == pytest.approx(s * a_l) and fit.b_ms_per_byte == pytest.approx(s * b_l)
+    assert fit.predict_ms(small) == pytest.approx(s * 31.0)
+    assert fit.predict_ms(small) > 3 * 150.0 * small / big  # not the line through the origin
+    # a point above the learned slope's origin line keeps the slope and moves the level only
+    fit.reset_level()
+    fit.add(big, 300.0)
+    assert fit.b_ms_per_byte == pytest.approx(b_l) and fit.a_ms == pytest.approx(300.0 - b_l * big)
+    # a checkpoint keeps the learned fixed cost; a state saved before it was kept has none, and
+    # falls back to the line through the origin
+    fit.reset_level()
+    fit.add(big, 150.0)
+    clone = LinearCostFit.from_dict(json.loads(json.dumps(fit.to_dict())))
+    assert clone.predict_ms(small) == pytest.approx(fit.predict_ms(small))
+    old_state = {k: v for k, v in fit.to_dict().items() if k != "learned_a_ms"}
+    assert LinearCostFit.from_dict(old_state).predict_ms(small) == pytest.approx(150.0 * small / big)
+
+
+def test_a_narrow_base_below_the_learned_slope_scales_the_learned_line():
+    """Two nearby sizes whose level, at the learned slope, would be negative: the learned line
+    is scaled by the weighted least-squares factor, not clamped to a = 0 with the old slope
+    (which would predict above both measured sizes)."""
+    fit = LinearCostFit(window=8)
+    fit.extend([(1_000, 12.0), (100_000, 210.0)])  # a_l = 10, b_l = 2e-3
+    a_l, b_l = fit.a_ms, fit.b_ms_per_byte
+    assert (a_l, b_l) == (pytest.approx(10.0), pytest.approx(2e-3))
+    fit.reset_level()
+    fit.extend([(80_000, 100.0), (100_000, 125.0)] * 4)  # 1.25x: a narrow base, far below
+    assert fit.n_sizes == 2
+    shape = np.array([a_l + b_l * 80_000, a_l + b_l * 100_000])
+    levels = np.array([100.0, 125.0])
+    w = 4 / levels**2
+    s = float(np.sum(w * levels * shape) / np.sum(w * shape**2))
+    assert fit.a_ms == pytest.approx(s * a_l) and fit.b_ms_per_byte == pytest.approx(s * b_l)
+    assert 95.0 < fit.predict_ms(80_000) < 105.0 and 120.0 < fit.predict_ms(100_000) < 130.0
+    assert fit.predict_ms(1_000) == pytest.approx(s * 12.0)
+
+
 def test_single_size_zero_bytes_is_pure_latency():
     fit = LinearCostFit()
     fit.add(0, 1.5)
