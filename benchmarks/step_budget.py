@@ -324,6 +324,11 @@ def plot(summary: dict[str, Any], path: str, ruler: str) -> None:
     plt.close(fig)
 
 
+def run_name(directory: str) -> str:
+    """A saved run's name in the tables: the last part of its directory's path."""
+    return os.path.basename(os.path.normpath(directory))
+
+
 def load_runs(dirs: list[str], pool_methods: Optional[list[tuple[str, str]]] = None
               ) -> list[tuple[str, dict[str, Any]]]:
     """``(label, resummarised result)`` of every ``seed*/adaptive.json`` under each of ``dirs``
@@ -331,7 +336,7 @@ def load_runs(dirs: list[str], pool_methods: Optional[list[tuple[str, str]]] = N
     one. Runs of different library versions may be mixed: each seed is compared within its own
     run only. ``pool_methods``: keep only these methods, a run's ``SOURCE`` taken as ``NAME``
     (``bench_adaptive.select_methods``)."""
-    return [(f"{os.path.basename(os.path.normpath(res['source']))} seed "
+    return [(f"{run_name(res['source'])} seed "
              f"{res['settings']['seed']}", res) for res in read_seed_runs(dirs, pool_methods)]
 
 
@@ -360,7 +365,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                  else [("Adaptive", compare(per_run))])
     summary = summaries[0][1]
     md = markdown(per_run, summaries, ruler)
-    renamed = [f"**{name}** is `{taken}` in {os.path.basename(os.path.normpath(src))}"
+    renamed = [f"**{name}** is `{taken}` in {run_name(src)}"
                for name, taken, src in renamed_arms([result for _, result in runs])]
     if renamed:
         md += "\nMethods taken under another name (`--pool-methods`): " + "; ".join(renamed) + ".\n"

@@ -266,7 +266,7 @@ class LinearCostFit:
         if prior is not None and base < needed:
             w = counts / np.maximum(levels, _MIN_MS_FOR_WEIGHT) ** 2
             level = float(np.sum(w * (levels - prior * sizes)) / np.sum(w))
-            if level < 0.0 and self._learned_line_has_fixed_cost(prior):
+            if level < 0.0 and self._learned_line_has_fixed_cost():
                 self._a, self._b = self._scaled_learned_line(sizes, levels, w)
             else:
                 self._a, self._b = max(level, 0.0), prior
@@ -275,10 +275,10 @@ class LinearCostFit:
         if self._b > 0.0 or self._learned_b is None:  # a clamped zero is not a measured slope
             self._learned_b, self._learned_a, self._learned_span = self._b, self._a, base
 
-    def _learned_line_has_fixed_cost(self, prior: float) -> bool:
-        """Whether ``prior`` is the learned slope and its fit had a fixed cost > 0 (a line that
-        can be scaled, module docstring 5)."""
-        return (self._learned_b is not None and prior == self._learned_b
+    def _learned_line_has_fixed_cost(self) -> bool:
+        """Whether a slope was learned (it is then the slope prior, :meth:`_slope_prior`) and its
+        fit had a fixed cost > 0 (a line that can be scaled, module docstring 5)."""
+        return (self._learned_b is not None
                 and self._learned_a is not None and self._learned_a > 0.0)
 
     def _scaled_learned_line(self, sizes: np.ndarray, levels: np.ndarray,
@@ -297,7 +297,7 @@ class LinearCostFit:
         ratio = y0 / x0
         if prior is None:
             return 0.0, ratio
-        if ratio < prior and self._learned_line_has_fixed_cost(prior):
+        if ratio < prior and self._learned_line_has_fixed_cost():
             return self._scaled_learned_line(np.array([x0]), np.array([y0]), np.ones(1))
         b = min(prior, ratio)
         return max(y0 - b * x0, 0.0), b
