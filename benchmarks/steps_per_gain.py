@@ -1,0 +1,228 @@
+"""How many more steps a lower CR costs: the exponent γ of ``steps ∝ (1/gain)^γ``, measured.
+
+Adaptive's time pick (``time_scale="tta"``, :func:`hvd_flexcomm.moo.tta_objectives`) minimises
+``step_time(c) · (1/gain(c))^γ`` with ``γ = w_gain / w_time`` (2/3 with the default weights
+(0.6, 0.4)): it assumes the steps a run needs to reach an accuracy grow as ``(1/gain)^γ``, where
+``gain(c)`` is the fraction of the error-fed gradient's squared norm that top-k at CR ``c``
+keeps, as Adaptive measures it. This script checks that assumption against saved runs of
+``benchmarks/bench_adaptive.py``:
+
+- the **steps** each fixed-CR AG-Topk run needed to reach the target (or the smoothed target)
+  depend on the seed and the training settings only, not on the network (the network moves the
+  time of a step, not what a step does). Repeated runs of one seed agree to within an
+  evaluation or two (evaluations every 20 steps); each seed's steps at a CR are the median over
+  the runs given (a run that missed the target counting as more than any that reached it);
+- the **gain curve** of a seed is the median, per candidate CR, of the gains that Adaptive's
+  solves measured in the runs of that seed (solves at step ``>= from_step``: the first steps'
+  gains are the untrained model's), read at the fixed CRs by interpolation in log-log;
+- for two fixed CRs ``c_hi > c_lo`` of a seed, ``γ = ln(steps(c_lo) / steps(c_hi)) /
+  ln(gain(c_hi) / gain(c_lo))``: the exponent under which the measured gain ratio predicts the
+  measured step ratio.
+
+Steps to the target are multiples of the evaluation interval, so one seed's ``γ`` is coarse
+(at 140 against 280 steps, one evaluation moves the ratio by 7–14%); the median over seeds is
+the figure to read. Pure functions over the records, and a command line::
+
+    python benchmarks/steps_per_gain.py docs/performance/runs/reverse_581a89f [more run dirs] \\
+        [--smoothed] [--from-step 50] [--out gamma.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.bench_adaptive import read_seed_runs  # noqa: E402
+from benchmarks.step_budget import run_name  # noqa: E402
+
+#: Settings that decide what a training step does (the network is not among them).
+TRAINING_SETTINGS = ("seed", "n", "model", "dense_steps", "lr", "momentum", "batch_size",
+                     "target_drop", "eval_every")
+#: Solves before this step are left out of a gain curve by default (the untrained model's).
+FROM_STEP = 50
+
+
+def exponent(steps_hi: float, steps_lo: float, gain_hi: float, gain_lo: float) -> float:
+    """γ under which ``(gain_hi / gain_lo)^γ = steps_lo / steps_hi``: the steps at the lower
+    CR over those at the higher one, against the gains (fractions kept) at the higher CR over
+    the lower one. Raises ValueError for non-positive values or equal gains. Pure function."""
+    values = (steps_hi, steps_lo, gain_hi, gain_lo)
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"steps and gains must be finite and > 0, got {values!r}")
+    if gain_hi == gain_lo:
+        raise ValueError(f"the two gains are equal ({gain_hi!r}): no exponent")
+    return math.log(steps_lo / steps_hi) / math.log(gain_hi / gain_lo)
+
+
+def gain_at(crs: Sequence[float], gains: Sequence[float], cr: float) -> float:
+    """The gain at ``cr``, interpolated linearly in ``log cr`` and ``log gain`` between the
+    candidates ``crs`` (any order, at least two) and their ``gains`` (> 0); outside the
+    candidates, the nearest one's gain. Pure function."""
+    pts = sorted(zip((float(c) for c in crs), (float(g) for g in gains)))
+    if len(pts) < 2 or any(c <= 0 or g <= 0 for c, g in pts) or cr <= 0:
+        raise ValueError(f"need two or more candidates, CRs and gains > 0: {pts!r}, cr={cr!r}")
+    if cr <= pts[0][0]:
+        return pts[0][1]
+    if cr >= pts[-1][0]:
+        return pts[-1][1]
+    for (c0, g0), (c1, g1) in zip(pts, pts[1:]):
+        if c0 <= cr <= c1:
+            t = math.log(cr / c0) / math.log(c1 / c0)
+            return math.exp(math.log(g0) + t * (math.log(g1) - math.log(g0)))
+    raise AssertionError("unreachable: cr lies between the candidates")
+
+
+def _candidates(settings: dict[str, Any], record: dict[str, Any]) -> list[float]:
+    """The candidate CRs of an Adaptive record, in the order of its solves' gains (largest
+    first, as ``Adaptive`` sorts them)."""
+    options = record.get("method", {}).get("options") or {}
+    cands = options.get("candidates") or settings["adaptive_defaults"]["candidates"]
+    return sorted({float(c) for c in cands}, reverse=True)
+
+
+def solve_gains(settings: dict[str, Any], record: dict[str, Any],
+                from_step: int = FROM_STEP) -> list[tuple[list[float], list[float]]]:
+    """``(candidates, gains)`` of each solve of an Adaptive ``record`` at step ``>= from_step``
+    whose gains are all > 0 (none for other methods)."""
+    if record.get("method", {}).get("kind") != "adaptive":
+        return []
+    cands = _candidates(settings, record)
+    out = []
+    for solve in (record.get("adaptive") or {}).get("solves") or []:
+        gains = solve.get("gains")
+        if (solve.get("step", -1) >= from_step and gains and len(gains) == len(cands)
+                and all(g > 0 for g in gains)):
+            out.append((cands, [float(g) for g in gains]))
+    return out
+
+
+def training_key(settings: dict[str, Any]) -> tuple:
+    """What decides a run's training steps (:data:`TRAINING_SETTINGS`), hashable."""
+    return tuple(repr(settings.get(name)) for name in TRAINING_SETTINGS)
+
+
+def fixed_ag_steps(result: dict[str, Any], smoothed: bool = False) -> dict[float, Optional[int]]:
+    """Steps to the target (or the smoothed target) of each fixed-CR AG-Topk row of a run,
+    by CR; None where it was not reached."""
+    field = "steps_to_smoothed_target" if smoothed else "steps_to_target"
+    return {float(row["cr"]): row.get(field) for row in result["rows"]
+            if row.get("kind") == "ag" and row.get("cr") is not None}
+
+
+def seed_estimates(results: Sequence[dict[str, Any]], smoothed: bool = False,
+                   from_step: int = FROM_STEP) -> list[dict[str, Any]]:
+    """One entry per training setting (seed) that has two or more fixed AG-Topk CRs reached
+    and an Adaptive gain curve: ``seed``, ``runs`` (run names), ``steps`` (CR -> median
+    steps), ``gains`` (CR -> gain at it, from the median curve), ``n_solves``, and ``pairs``:
+    ``(c_hi, c_lo, gamma)`` for each pair of its CRs. A run that missed the target counts as
+    more steps than any that reached it; a CR whose median run missed is left out. Pure
+    function of the results."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for res in results:
+        settings = res["settings"]
+        group = groups.setdefault(training_key(settings), {
+            "seed": settings.get("seed"), "runs": [], "steps": {}, "curves": []})
+        group["runs"].append(run_name(res.get("source", "?")))
+        for cr, steps in fixed_ag_steps(res, smoothed).items():
+            group["steps"].setdefault(cr, []).append(steps)
+        for record in res["records"]:
+            group["curves"].extend(solve_gains(settings, record, from_step))
+    out = []
+    for group in groups.values():
+        # a miss counts as more steps than any reached (as bench_adaptive's medians); a CR
+        # whose median run missed has no step count
+        medians = {cr: statistics.median(math.inf if s is None else s for s in v)
+                   for cr, v in group["steps"].items()}
+        steps = {cr: m for cr, m in medians.items() if math.isfinite(m)}
+        curves = group["curves"]
+        if len(steps) < 2 or not curves:
+            continue
+        cands = curves[0][0]
+        same = [g for c, g in curves if c == cands]
+        median_curve = [math.exp(statistics.median(math.log(g[i]) for g in same))
+                        for i in range(len(cands))]
+        gains = {cr: gain_at(cands, median_curve, cr) for cr in steps}
+        crs = sorted(steps, reverse=True)
+        pairs = [(hi, lo, exponent(steps[hi], steps[lo], gains[hi], gains[lo]))
+                 for i, hi in enumerate(crs) for lo in crs[i + 1:] if gains[hi] != gains[lo]]
+        out.append({"seed": group["seed"], "runs": sorted(set(group["runs"])),
+                    "steps": steps, "gains": gains, "n_solves": len(same), "pairs": pairs})
+    return sorted(out, key=lambda e: (str(e["seed"])))
+
+
+def weights_for(gamma: float) -> tuple[float, float]:
+    """The weights ``(w_time, w_gain)`` summing to 1 whose time pick assumes ``gamma``
+    (``gamma = w_gain / w_time``, >= 0). Pure function."""
+    if not (math.isfinite(gamma) and gamma >= 0):
+        raise ValueError(f"gamma must be finite and >= 0, got {gamma!r}")
+    return 1.0 / (1.0 + gamma), gamma / (1.0 + gamma)
+
+
+def markdown(estimates: Sequence[dict[str, Any]], ruler: str, from_step: int,
+             weights: tuple[float, float] = (0.6, 0.4)) -> str:
+    """A table per seed (steps, gains, γ of each CR pair) and the median over seeds."""
+    lines = [f"Steps to the {ruler} at fixed CRs against Adaptive's measured gains "
+             f"(`benchmarks/steps_per_gain.py`; gains: the median of Adaptive's solves from "
+             f"step {from_step} on, per seed).", "",
+             "| seed | runs | solves | steps at each CR | gain at each CR (fraction kept) "
+             "| γ (CR pair) |", "|---|---:|---:|---|---|---|"]
+    gammas: dict[tuple[float, float], list[float]] = {}
+    for e in estimates:
+        crs = sorted(e["steps"], reverse=True)
+        steps = ", ".join(f"{cr:g}: {e['steps'][cr]:g}" for cr in crs)
+        gains = ", ".join(f"{cr:g}: {e['gains'][cr]:.3f}" for cr in crs)
+        pairs = ", ".join(f"{g:.2f} ({hi:g}/{lo:g})" for hi, lo, g in e["pairs"])
+        for hi, lo, g in e["pairs"]:
+            gammas.setdefault((hi, lo), []).append(g)
+        lines.append(f"| {e['seed']} | {len(e['runs'])} | {e['n_solves']} | {steps} | {gains} "
+                     f"| {pairs} |")
+    assumed = weights[1] / weights[0]
+    lines += ["", f"The time pick with weights {tuple(weights)} assumes γ = {assumed:.2f}.", "",
+              "| CR pair | seeds | median γ | range | weights (time, gain) that assume it |",
+              "|---|---:|---:|---|---|"]
+    for (hi, lo), gs in sorted(gammas.items(), reverse=True):
+        med = statistics.median(gs)
+        w_t, w_g = weights_for(max(med, 0.0))
+        lines.append(f"| {hi:g} / {lo:g} | {len(gs)} | {med:.2f} | {min(gs):.2f} to "
+                     f"{max(gs):.2f} | ({w_t:.2f}, {w_g:.2f}) |")
+    if not gammas:
+        lines.append("| - | 0 | - | - | - |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+", metavar="DIR",
+                    help="run directories of bench_adaptive.py (each holding seed*/adaptive.json)")
+    ap.add_argument("--smoothed", action="store_true",
+                    help="steps to the smoothed target instead of the first evaluation over it")
+    ap.add_argument("--from-step", type=int, default=FROM_STEP,
+                    help=f"gains from Adaptive's solves at this step or later (default {FROM_STEP})")
+    ap.add_argument("--out", help="also write the markdown to this file")
+    args = ap.parse_args(argv)
+    if args.from_step < 0:
+        ap.error(f"--from-step must be >= 0, got {args.from_step}")
+    try:
+        results = read_seed_runs(args.dirs)
+    except ValueError as exc:
+        ap.error(str(exc))
+    estimates = seed_estimates(results, args.smoothed, args.from_step)
+    md = markdown(estimates, "smoothed target" if args.smoothed else "target", args.from_step)
+    print(md)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
