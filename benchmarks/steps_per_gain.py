@@ -19,12 +19,19 @@ keeps, as Adaptive measures it. This script checks that assumption against saved
   ln(gain(c_hi) / gain(c_lo))``: the exponent under which the measured gain ratio predicts the
   measured step ratio.
 
+- a second estimate pools every **Adaptive** run against the fixed run at ``reference_cr``
+  (AG-Topk 0.01) of the same run and seed (:func:`adaptive_points`): Adaptive's mean ``ln
+  gain`` over its steps to the target, less that of the fixed CR, against ``ln`` of the step
+  ratio; ``γ`` is the slope through the origin (:func:`slope_through_origin`), with an
+  interval from resampling the seeds (:func:`bootstrap_interval`). Many more seeds (every saved
+  static run), CRs between 0.01 and 0.05, and noisier pairs (a CR path, not one CR).
+
 Steps to the target are multiples of the evaluation interval, so one seed's ``γ`` is coarse
 (at 140 against 280 steps, one evaluation moves the ratio by 7–14%); the median over seeds is
 the figure to read. Pure functions over the records, and a command line::
 
     python benchmarks/steps_per_gain.py docs/performance/runs/reverse_581a89f [more run dirs] \\
-        [--smoothed] [--from-step 50] [--out gamma.md]
+        [--smoothed] [--from-step 50] [--reference-cr 0.01] [--out gamma.md]
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ TRAINING_SETTINGS = ("seed", "n", "model", "dense_steps", "lr", "momentum", "bat
                      "target_drop", "eval_every")
 #: Solves before this step are left out of a gain curve by default (the untrained model's).
 FROM_STEP = 50
+#: The fixed CR each Adaptive run is compared with (:func:`adaptive_points`).
+REFERENCE_CR = 0.01
 
 
 def exponent(steps_hi: float, steps_lo: float, gain_hi: float, gain_lo: float) -> float:
@@ -118,6 +127,39 @@ def fixed_ag_steps(result: dict[str, Any], smoothed: bool = False) -> dict[float
             if row.get("kind") == "ag" and row.get("cr") is not None}
 
 
+def _groups(results: Sequence[dict[str, Any]], smoothed: bool,
+            from_step: int) -> dict[tuple, dict[str, Any]]:
+    """The results by training setting (:func:`training_key`): ``seed``, ``runs`` (run names),
+    ``steps`` (CR -> the fixed AG-Topk runs' steps, None for a miss), ``curves`` (the Adaptive
+    solves' ``(candidates, gains)``) and ``results``."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for res in results:
+        settings = res["settings"]
+        group = groups.setdefault(training_key(settings), {
+            "seed": settings.get("seed"), "runs": [], "steps": {}, "curves": [], "results": []})
+        group["runs"].append(run_name(res.get("source", "?")))
+        group["results"].append(res)
+        for cr, steps in fixed_ag_steps(res, smoothed).items():
+            group["steps"].setdefault(cr, []).append(steps)
+        for record in res["records"]:
+            group["curves"].extend(solve_gains(settings, record, from_step))
+    return groups
+
+
+def median_curve(curves: Sequence[tuple[list[float], list[float]]]
+                 ) -> Optional[tuple[list[float], list[float], int]]:
+    """``(candidates, gains, n)``: per candidate, the median gain (in log) of the ``n`` curves
+    over the first curve's candidates (curves over other candidates are left out); None
+    without curves. Pure function."""
+    if not curves:
+        return None
+    cands = curves[0][0]
+    same = [g for c, g in curves if c == cands]
+    gains = [math.exp(statistics.median(math.log(g[i]) for g in same))
+             for i in range(len(cands))]
+    return cands, gains, len(same)
+
+
 def seed_estimates(results: Sequence[dict[str, Any]], smoothed: bool = False,
                    from_step: int = FROM_STEP) -> list[dict[str, Any]]:
     """One entry per training setting (seed) that has two or more fixed AG-Topk CRs reached
@@ -126,37 +168,88 @@ def seed_estimates(results: Sequence[dict[str, Any]], smoothed: bool = False,
     ``(c_hi, c_lo, gamma)`` for each pair of its CRs. A run that missed the target counts as
     more steps than any that reached it; a CR whose median run missed is left out. Pure
     function of the results."""
-    groups: dict[tuple, dict[str, Any]] = {}
-    for res in results:
-        settings = res["settings"]
-        group = groups.setdefault(training_key(settings), {
-            "seed": settings.get("seed"), "runs": [], "steps": {}, "curves": []})
-        group["runs"].append(run_name(res.get("source", "?")))
-        for cr, steps in fixed_ag_steps(res, smoothed).items():
-            group["steps"].setdefault(cr, []).append(steps)
-        for record in res["records"]:
-            group["curves"].extend(solve_gains(settings, record, from_step))
     out = []
-    for group in groups.values():
+    for group in _groups(results, smoothed, from_step).values():
         # a miss counts as more steps than any reached (as bench_adaptive's medians); a CR
         # whose median run missed has no step count
         medians = {cr: statistics.median(math.inf if s is None else s for s in v)
                    for cr, v in group["steps"].items()}
         steps = {cr: m for cr, m in medians.items() if math.isfinite(m)}
-        curves = group["curves"]
-        if len(steps) < 2 or not curves:
+        curve = median_curve(group["curves"])
+        if len(steps) < 2 or curve is None:
             continue
-        cands = curves[0][0]
-        same = [g for c, g in curves if c == cands]
-        median_curve = [math.exp(statistics.median(math.log(g[i]) for g in same))
-                        for i in range(len(cands))]
-        gains = {cr: gain_at(cands, median_curve, cr) for cr in steps}
+        cands, median_gains, n_solves = curve
+        gains = {cr: gain_at(cands, median_gains, cr) for cr in steps}
         crs = sorted(steps, reverse=True)
         pairs = [(hi, lo, exponent(steps[hi], steps[lo], gains[hi], gains[lo]))
                  for i, hi in enumerate(crs) for lo in crs[i + 1:] if gains[hi] != gains[lo]]
         out.append({"seed": group["seed"], "runs": sorted(set(group["runs"])),
-                    "steps": steps, "gains": gains, "n_solves": len(same), "pairs": pairs})
+                    "steps": steps, "gains": gains, "n_solves": n_solves, "pairs": pairs})
     return sorted(out, key=lambda e: (str(e["seed"])))
+
+
+def adaptive_points(results: Sequence[dict[str, Any]], smoothed: bool = False,
+                    from_step: int = FROM_STEP, reference_cr: float = REFERENCE_CR
+                    ) -> dict[tuple, list[tuple[float, float]]]:
+    """Each Adaptive run against the fixed AG-Topk run at ``reference_cr`` of the same run
+    directory and seed (both reached the target), by training setting: ``(x, y)`` with ``x``
+    the mean over Adaptive's steps up to its target (span steps left out) of ``ln gain(cr) −
+    ln gain(reference_cr)`` (the seed's median gain curve) and ``y = ln(steps of the fixed run
+    / steps of Adaptive)``. Under ``steps ∝ (1/gain)^γ``, ``y ≈ γ·x``. Pure function."""
+    points: dict[tuple, list[tuple[float, float]]] = {}
+    field = "steps_to_smoothed_target" if smoothed else "steps_to_target"
+    for key, group in _groups(results, smoothed, from_step).items():
+        curve = median_curve(group["curves"])
+        if curve is None:
+            continue
+        cands, gains, _ = curve
+        log_ref = math.log(gain_at(cands, gains, reference_cr))
+        for res in group["results"]:
+            ref = fixed_ag_steps(res, smoothed).get(float(reference_cr))
+            if not ref:
+                continue
+            rows = {row["name"]: row for row in res["rows"]}
+            for record in res["records"]:
+                method = record.get("method", {})
+                n = rows.get(method.get("name"), {}).get(field)
+                if method.get("kind") != "adaptive" or not n:
+                    continue
+                per_step = record["per_step"]
+                spans = per_step.get("span") or [False] * len(per_step["cr"])
+                crs = [c for c, span in zip(per_step["cr"][:n], spans[:n]) if c and not span]
+                if crs:
+                    x = statistics.fmean(math.log(gain_at(cands, gains, c)) for c in crs)
+                    points.setdefault(key, []).append((x - log_ref, math.log(ref / n)))
+    return points
+
+
+def slope_through_origin(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of ``y = γ·x`` (no intercept). Raises ValueError when every ``x``
+    is 0. Pure function."""
+    sxx = sum(x * x for x, _ in points)
+    if sxx == 0:
+        raise ValueError("every x is 0: no slope")
+    return sum(x * y for x, y in points) / sxx
+
+
+def bootstrap_interval(points_by_key: dict[tuple, list[tuple[float, float]]],
+                       level: float = 0.9, n_resamples: int = 2000, seed: int = 0
+                       ) -> tuple[float, float]:
+    """The central ``level`` interval of :func:`slope_through_origin` over ``n_resamples``
+    resamples of the training settings (seeds) with replacement, each taking all its points
+    (the runs of one seed are not independent of each other). Deterministic for a ``seed``."""
+    import numpy as np
+
+    keys = list(points_by_key)
+    rng = np.random.default_rng(seed)
+    slopes = []
+    for _ in range(n_resamples):
+        picked = [p for i in rng.integers(0, len(keys), len(keys)) for p in points_by_key[keys[i]]]
+        if any(x != 0 for x, _ in picked):
+            slopes.append(slope_through_origin(picked))
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(slopes, [tail, 100 - tail])
+    return float(lo), float(hi)
 
 
 def weights_for(gamma: float) -> tuple[float, float]:
@@ -168,8 +261,12 @@ def weights_for(gamma: float) -> tuple[float, float]:
 
 
 def markdown(estimates: Sequence[dict[str, Any]], ruler: str, from_step: int,
-             weights: tuple[float, float] = (0.6, 0.4)) -> str:
-    """A table per seed (steps, gains, γ of each CR pair) and the median over seeds."""
+             weights: tuple[float, float] = (0.6, 0.4),
+             points: Optional[dict[tuple, list[tuple[float, float]]]] = None,
+             reference_cr: float = REFERENCE_CR) -> str:
+    """A table per seed (steps, gains, γ of each CR pair), the median over seeds, and (given
+    ``points``, :func:`adaptive_points`) the pooled slope of Adaptive against the fixed
+    ``reference_cr`` with its interval over seeds resampled."""
     lines = [f"Steps to the {ruler} at fixed CRs against Adaptive's measured gains "
              f"(`benchmarks/steps_per_gain.py`; gains: the median of Adaptive's solves from "
              f"step {from_step} on, per seed).", "",
@@ -196,6 +293,24 @@ def markdown(estimates: Sequence[dict[str, Any]], ruler: str, from_step: int,
                      f"{max(gs):.2f} | ({w_t:.2f}, {w_g:.2f}) |")
     if not gammas:
         lines.append("| - | 0 | - | - | - |")
+    if points is not None:
+        lines += ["", f"Adaptive against AG-Topk {reference_cr:g} of the same run and seed: x = "
+                  f"Adaptive's mean ln gain over its steps to the {ruler} (span steps left out) "
+                  f"minus ln gain({reference_cr:g}), y = ln(steps of AG-Topk {reference_cr:g} / "
+                  "steps of Adaptive); γ is the least-squares slope of y = γ·x, its interval "
+                  "the central 90% over 2000 resamples of the seeds (all runs of a seed "
+                  "together).", "",
+                  "| pairs | seeds | mean x | mean y | γ | 90% interval |",
+                  "|---:|---:|---:|---:|---:|---|"]
+        flat = [p for v in points.values() for p in v]
+        if flat and any(x != 0 for x, _ in flat):
+            lo, hi = bootstrap_interval(points)
+            lines.append(f"| {len(flat)} | {len(points)} | "
+                         f"{statistics.fmean(x for x, _ in flat):.2f} | "
+                         f"{statistics.fmean(y for _, y in flat):.2f} | "
+                         f"{slope_through_origin(flat):.2f} | {lo:.2f} to {hi:.2f} |")
+        else:
+            lines.append("| 0 | 0 | - | - | - | - |")
     return "\n".join(lines) + "\n"
 
 
@@ -207,16 +322,23 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="steps to the smoothed target instead of the first evaluation over it")
     ap.add_argument("--from-step", type=int, default=FROM_STEP,
                     help=f"gains from Adaptive's solves at this step or later (default {FROM_STEP})")
+    ap.add_argument("--reference-cr", type=float, default=REFERENCE_CR,
+                    help="the fixed AG-Topk CR each Adaptive run is compared with (default "
+                         f"{REFERENCE_CR:g})")
     ap.add_argument("--out", help="also write the markdown to this file")
     args = ap.parse_args(argv)
     if args.from_step < 0:
         ap.error(f"--from-step must be >= 0, got {args.from_step}")
+    if not (0 < args.reference_cr <= 1):
+        ap.error(f"--reference-cr must be in (0, 1], got {args.reference_cr}")
     try:
         results = read_seed_runs(args.dirs)
     except ValueError as exc:
         ap.error(str(exc))
     estimates = seed_estimates(results, args.smoothed, args.from_step)
-    md = markdown(estimates, "smoothed target" if args.smoothed else "target", args.from_step)
+    points = adaptive_points(results, args.smoothed, args.from_step, args.reference_cr)
+    md = markdown(estimates, "smoothed target" if args.smoothed else "target", args.from_step,
+                  points=points, reference_cr=args.reference_cr)
     print(md)
     if args.out:
         with open(args.out, "w") as fh:

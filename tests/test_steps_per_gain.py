@@ -44,19 +44,23 @@ def test_weights_for_an_exponent_invert_the_picks_ratio():
         spg.weights_for(-0.1)
 
 
-def _result(seed, steps_01, steps_001, solves=(), source="run_a", delay=5.0):
+def _result(seed, steps_01, steps_001, solves=(), source="run_a", delay=5.0,
+            adaptive_steps=200, adaptive_crs=None, spans=None):
     """A saved run with AG-Topk 0.1 and 0.01 rows and an Adaptive record with ``solves``
-    (``(step, gains)``)."""
+    (``(step, gains)``), ``adaptive_steps`` to the target at ``adaptive_crs`` per step."""
     settings = {"seed": seed, "n": 4, "model": {"kind": "mlp"}, "dense_steps": 160, "lr": 0.01,
                 "momentum": 0.9, "batch_size": 64, "target_drop": 0.01, "eval_every": 20,
                 "delay_ms": delay, "adaptive_defaults": {"candidates": CANDS}}
-    rows = [{"kind": "dense", "cr": 1.0, "steps_to_target": 100},
-            {"kind": "ag", "cr": 0.1, "steps_to_target": steps_01},
-            {"kind": "ag", "cr": 0.01, "steps_to_target": steps_001},
-            {"kind": "adaptive", "cr": None, "steps_to_target": 200}]
-    records = [{"method": {"kind": "ag"}},
-               {"method": {"kind": "adaptive", "options": {}},
-                "adaptive": {"solves": [{"step": s, "gains": list(g)} for s, g in solves]}}]
+    rows = [{"name": "Dense", "kind": "dense", "cr": 1.0, "steps_to_target": 100},
+            {"name": "AG-Topk 0.1", "kind": "ag", "cr": 0.1, "steps_to_target": steps_01},
+            {"name": "AG-Topk 0.01", "kind": "ag", "cr": 0.01, "steps_to_target": steps_001},
+            {"name": "Adaptive", "kind": "adaptive", "cr": None,
+             "steps_to_target": adaptive_steps}]
+    crs = adaptive_crs or [0.01] * 300
+    records = [{"method": {"name": "AG-Topk 0.1", "kind": "ag"}},
+               {"method": {"name": "Adaptive", "kind": "adaptive", "options": {}},
+                "adaptive": {"solves": [{"step": s, "gains": list(g)} for s, g in solves]},
+                "per_step": {"cr": crs, "span": spans or [False] * len(crs)}}]
     return {"settings": settings, "rows": rows, "records": records, "source": source}
 
 
@@ -95,6 +99,7 @@ def test_the_command_reads_a_saved_run(tmp_path, capsys):
     md = out.read_text()
     assert md == capsys.readouterr().out.rstrip("\n") + "\n"
     assert "| 0.1 / 0.01 | 3 |" in md and "assumes γ = 0.67" in md
+    assert "Adaptive against AG-Topk 0.01 of the same run and seed" in md
     from benchmarks.bench_adaptive import read_seed_runs
 
     for est, res in zip(spg.seed_estimates(read_seed_runs([SAVED_RUN])),
@@ -104,3 +109,36 @@ def test_the_command_reads_a_saved_run(tmp_path, capsys):
         assert 0 < est["gains"][0.01] < est["gains"][0.1] <= 1
     with pytest.raises(SystemExit):
         spg.main([SAVED_RUN, "--from-step", "-1"])
+    with pytest.raises(SystemExit):
+        spg.main([SAVED_RUN, "--reference-cr", "0"])
+
+
+def test_adaptive_runs_give_points_against_the_fixed_cr_of_their_own_run():
+    gains = [0.5 * (c / 0.1) ** 0.6 for c in CANDS]  # ln gain is 0.6 ln c + const
+    # 100 steps at 0.033 with 5 span steps at 0.001 among them, target at step 100
+    crs = [0.033] * 50 + [0.001] * 5 + [0.033] * 45 + [0.01] * 50
+    spans = [False] * 50 + [True] * 5 + [False] * 95
+    results = [_result(50, 100, 300, [(60, gains)], "run_a", adaptive_steps=100,
+                       adaptive_crs=crs, spans=spans),
+               _result(50, 100, None, [], "run_b"),  # its AG-Topk 0.01 missed: no point
+               _result(51, 100, 200, [(60, gains)], "run_c", adaptive_steps=200)]
+    points = spg.adaptive_points(results)
+    assert sorted(len(v) for v in points.values()) == [1, 1]
+    (x, y), = points[spg.training_key(results[0]["settings"])]
+    # the 95 steps outside spans at 0.033 (the spans left out)
+    assert x == pytest.approx(0.6 * math.log(0.033 / 0.01))
+    assert y == pytest.approx(math.log(300 / 100))
+    (x2, y2), = points[spg.training_key(results[2]["settings"])]
+    assert x2 == pytest.approx(0.0) and y2 == pytest.approx(0.0)  # at 0.01 throughout, as fast
+    assert spg.slope_through_origin([(x, y), (x2, y2)]) == pytest.approx(y / x)
+    with pytest.raises(ValueError, match="no slope"):
+        spg.slope_through_origin([(0.0, 1.0)])
+
+
+def test_the_bootstrap_resamples_seeds_and_is_repeatable():
+    exact = {("a",): [(1.0, 0.4), (2.0, 0.8)], ("b",): [(0.5, 0.2)]}
+    assert spg.bootstrap_interval(exact) == pytest.approx((0.4, 0.4))  # every seed on one line
+    noisy = {(str(i),): [(1.0, 0.4 + 0.1 * (i - 2))] for i in range(5)}  # slopes 0.2 .. 0.6
+    lo, hi = spg.bootstrap_interval(noisy)
+    assert 0.2 <= lo < 0.4 < hi <= 0.6
+    assert spg.bootstrap_interval(noisy) == (lo, hi)
