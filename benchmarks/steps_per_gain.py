@@ -17,8 +17,7 @@ keeps, as Adaptive measures it. This script checks that assumption against saved
   gains are the untrained model's), read at the fixed CRs by interpolation in log-log;
 - for two fixed CRs ``c_hi > c_lo`` of a seed, ``γ = ln(steps(c_lo) / steps(c_hi)) /
   ln(gain(c_hi) / gain(c_lo))``: the exponent under which the measured gain ratio predicts the
-  measured step ratio.
-
+  measured step ratio;
 - a second estimate pools every **Adaptive** run against the fixed run at ``reference_cr``
   (AG-Topk 0.01) of the same run and seed (:func:`adaptive_points`): Adaptive's mean ``ln
   gain`` over its steps to the target, less that of the fixed CR, against ``ln`` of the step
@@ -28,7 +27,11 @@ keeps, as Adaptive measures it. This script checks that assumption against saved
 
 Steps to the target are multiples of the evaluation interval, so one seed's ``γ`` is coarse
 (at 140 against 280 steps, one evaluation moves the ratio by 7–14%); the median over seeds is
-the figure to read. Pure functions over the records, and a command line::
+the figure to read. The gains are Adaptive's, measured on its own error-fed gradient, not on
+the fixed-CR runs' (whose residuals differ): they are the numbers the pick uses, which is what
+is being checked. Since ``γ`` describes the training and not the network, runs on any network
+(and the change runs) can be pooled, and a γ measured once for a model and dataset holds on
+every network. Pure functions over the records, and a command line::
 
     python benchmarks/steps_per_gain.py docs/performance/runs/reverse_581a89f [more run dirs] \\
         [--smoothed] [--from-step 50] [--reference-cr 0.01] [--out gamma.md]
@@ -300,7 +303,7 @@ def markdown(estimates: Sequence[dict[str, Any]], ruler: str, from_step: int,
                   "steps of Adaptive); γ is the least-squares slope of y = γ·x, its interval "
                   "the central 90% over 2000 resamples of the seeds (all runs of a seed "
                   "together).", "",
-                  "| pairs | seeds | mean x | mean y | γ | 90% interval |",
+                  "| pairs | seeds (training settings) | mean x | mean y | γ | 90% interval |",
                   "|---:|---:|---:|---:|---:|---|"]
         flat = [p for v in points.values() for p in v]
         if flat and any(x != 0 for x, _ in flat):
