@@ -34,7 +34,7 @@ is being checked. Since ``γ`` describes the training and not the network, runs 
 every network. Pure functions over the records, and a command line::
 
     python benchmarks/steps_per_gain.py docs/performance/runs/reverse_581a89f [more run dirs] \\
-        [--smoothed] [--from-step 50] [--reference-cr 0.01] [--out gamma.md]
+        [--smoothed] [--from-step 50] [--reference-cr 0.01] [--out gamma.md] [--plot gamma.png]
 """
 
 from __future__ import annotations
@@ -317,6 +317,51 @@ def markdown(estimates: Sequence[dict[str, Any]], ruler: str, from_step: int,
     return "\n".join(lines) + "\n"
 
 
+def plot(estimates: Sequence[dict[str, Any]], points: dict[tuple, list[tuple[float, float]]],
+         path: str, ruler: str, weights: tuple[float, float] = (0.6, 0.4),
+         reference_cr: float = REFERENCE_CR) -> None:
+    """ln(step ratio) against ln(gain ratio): each Adaptive run against the fixed
+    ``reference_cr`` (small grey points), each seed's fixed-CR pair (large points), the line of
+    the γ the pick assumes with ``weights`` and the lines of the two measured γ."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 5.0))
+    flat = [p for v in points.values() for p in v]
+    if flat:
+        ax.scatter([x for x, _ in flat], [y for _, y in flat], s=10, color="grey", alpha=0.5,
+                   label=f"Adaptive vs AG-Topk {reference_cr:g}, one run ({len(flat)})")
+    pairs = [(math.log(e["gains"][hi] / e["gains"][lo]), math.log(e["steps"][lo] / e["steps"][hi]))
+             for e in estimates for hi, lo, _ in e["pairs"]]
+    if pairs:
+        ax.scatter([x for x, _ in pairs], [y for _, y in pairs], s=45, color="tab:blue",
+                   label=f"fixed CRs of one seed ({len(pairs)})", zorder=3)
+    xs = [x for x, _ in flat + pairs] + [0.0]
+    grid = [min(xs), max(xs)]
+    assumed = weights[1] / weights[0]
+    ax.plot(grid, [assumed * x for x in grid], color="tab:red", ls="--",
+            label=f"assumed by weights {tuple(weights)}: γ = {assumed:.2f}")
+    if pairs:
+        gamma = statistics.median(g for e in estimates for _, _, g in e["pairs"])
+        ax.plot(grid, [gamma * x for x in grid], color="tab:blue",
+                label=f"fixed CRs, median γ = {gamma:.2f}")
+    if flat and any(x != 0 for x, _ in flat):
+        gamma = slope_through_origin(flat)
+        ax.plot(grid, [gamma * x for x in grid], color="black",
+                label=f"Adaptive runs, fitted γ = {gamma:.2f}")
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.axvline(0.0, color="black", lw=0.6)
+    ax.set_xlabel("ln(gain ratio): higher CR's fraction kept over the lower one's")
+    ax.set_ylabel(f"ln(step ratio): lower CR's steps to the {ruler} over the higher one's")
+    ax.set_title("How many more steps a lower CR costs: steps ∝ (1/gain)^γ", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", metavar="DIR",
@@ -329,6 +374,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="the fixed AG-Topk CR each Adaptive run is compared with (default "
                          f"{REFERENCE_CR:g})")
     ap.add_argument("--out", help="also write the markdown to this file")
+    ap.add_argument("--plot", metavar="PNG", help="also plot the points and lines (see plot())")
     args = ap.parse_args(argv)
     if args.from_step < 0:
         ap.error(f"--from-step must be >= 0, got {args.from_step}")
@@ -346,6 +392,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(md)
+    if args.plot:
+        plot(estimates, points, args.plot, "smoothed target" if args.smoothed else "target",
+             reference_cr=args.reference_cr)
     return 0
 
 

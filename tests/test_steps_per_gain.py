@@ -95,7 +95,9 @@ def test_a_seed_whose_runs_all_missed_a_cr_has_no_pair():
 
 def test_the_command_reads_a_saved_run(tmp_path, capsys):
     out = tmp_path / "gamma.md"
-    assert spg.main([SAVED_RUN, "--out", str(out)]) == 0
+    png = tmp_path / "gamma.png"
+    assert spg.main([SAVED_RUN, "--out", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = out.read_text()
     assert md == capsys.readouterr().out.rstrip("\n") + "\n"
     assert "| 0.1 / 0.01 | 3 |" in md and "assumes γ = 0.67" in md
