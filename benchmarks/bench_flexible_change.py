@@ -183,7 +183,10 @@ def _crossover_in_range(paths: list[str]) -> bool:
 def analyse_cr(records: list[dict[str, Any]], changes: list[int],
                meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Adaptive only. For each change: the CR in use before it and at the end of its segment,
-    the first re-solve after it whose reason is the recalibrated network model, the cheaper path
+    the first re-solve after it whose reason is the recalibrated network model (after the
+    change's first drift probe where there is one: a recalibration that a span closed just
+    before the change can trigger a solve at the change step itself, on the old network's
+    times), the cheaper path
     per candidate CR in that solve and in the solve before the change, and a counterfactual: the
     CR the solver picks from the **old** network's predicted times (and the old solve's time
     outside communication, which the job's own barrier and timing collectives make network-bound
@@ -202,7 +205,13 @@ def analyse_cr(records: list[dict[str, Any]], changes: list[int],
         nxt = _next_change(c, changes)
         end = (max(steps, default=c) + 1 if nxt is None else nxt) - 1
         before = [s for s in solves if s["step"] < c]
-        after = [s for s in solves if c <= s["step"] <= end and s["reason"] == "network model recalibrated"]
+        # the recalibration for this change follows its drift probe: a solve at the change step
+        # (or before that probe) was triggered by a recalibration on the old network
+        drift = next((i for i in range(c, end + 1)
+                      if steps.get(i, {}).get("probe_ms") and steps[i].get("probe_kind") == "drift"),
+                     c)
+        after = [s for s in solves if drift < s["step"] <= end
+                 and s["reason"] == "network model recalibrated"]
         prev, new = (before[-1] if before else None), (after[0] if after else None)
         row: dict[str, Any] = {
             "change_step": c, "cr_before": steps.get(c - 1, {}).get("cr"),
