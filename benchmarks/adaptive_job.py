@@ -146,6 +146,7 @@ class Job:
         per_step: dict[str, list] = {"ms": [], "cr": [], "collective": [], "comm_ms": [],
                                      "compress_ms": [], "probe_ms": [], "span": []}
         own_ms: list[float] = []  # this rank's step time outside its collectives and probes
+        probes: list[dict] = []  # rank 0's probes: step, kind, ms and ms per phase
         acc0, _ = self.evaluate(model, False, f"eval.{index}.0")
         change_at_s = plan.get("change_at_train_s")  # the network changes once, at this clock
         network_change: Optional[dict] = None  # rank 0: the step at which it asked for it
@@ -183,6 +184,11 @@ class Job:
                 per_step["compress_ms"].append(_r(st.get("compress_ms")))
                 per_step["probe_ms"].append(_r(st.get("probe_ms", 0.0)))
                 per_step["span"].append(bool(st.get("span", False)))
+                if st.get("probe_phases_ms") is not None:
+                    probes.append({"step": step - 1, "kind": st.get("probe_kind"),
+                                   "ms": _r(st.get("probe_ms")),
+                                   "phases_ms": {phase: _r(ms) for phase, ms
+                                                 in st["probe_phases_ms"].items()}})
                 own_ms.append(round(1e3 * dt - (st.get("comm_ms") or 0.0)
                                     - (st.get("probe_ms") or 0.0), 3))
                 if (self.rank == 0 and change_at_s is not None and network_change is None
@@ -229,7 +235,7 @@ class Job:
                                   "n_span_moves": ctrl.n_span_moves,
                                   "n_span_confirms": ctrl.n_span_confirms,
                                   "n_span_offs": ctrl.n_span_offs,
-                                  "n_step_starts": ctrl.n_step_starts}
+                                  "n_step_starts": ctrl.n_step_starts, "probes": probes}
         ada = getattr(opt, "_flex_adaptive", None)
         if ada is not None:
             res = ada.last_result

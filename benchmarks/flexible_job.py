@@ -17,6 +17,12 @@
 - ``{"kind": "probe_bias", ...}``: for each network and each ``cr`` of ``crs``, ``rounds``
   times a probe of each collective kind at the size the steps send, then ``steps`` AG-Topk and
   AR-Topk steps (:func:`run_probe_bias`; ``bench_probe_bias.py``). One record per cell.
+- ``{"kind": "probe_phases", ...}``: for each network, ``rounds`` times, Adaptive's start-up
+  probe (``Adaptive(**adaptive_options)``'s plan for ``numel`` entries, under names new to
+  Horovod each round, as at a job's start) through ``probing.run_probes_sharing`` with the
+  extra numbers Adaptive's first pick shares: rank 0's wall time of each phase and each timing
+  combined over ranks (:func:`run_probe_phases`; ``bench_probe_phases.py``). One record per
+  round.
 - ``{"kind": "change", ...}``: one ``Flexible`` optimizer (``Adaptive`` with
   ``"adaptive_options"``) runs ``steps`` steps; before step ``s`` of ``changes`` (a list of
   ``[s, network index]``) rank 0 asks the parent to apply that network, and every rank waits
@@ -284,6 +290,37 @@ def run_probe_bias(job: Job) -> None:
             job.say(f"probe bias: {net.get('label')} cr={cr:g} done")
 
 
+def run_probe_phases(job: Job) -> None:
+    """For each network, ``rounds`` start-up probes of Adaptive, each under new names (a job's
+    first probe negotiates every name: the warm-up round runs in full), with as many extra
+    numbers in the timings' row as Adaptive's first pick sends (each candidate's gain and the
+    time outside communication). One record per round: rank 0's ms per phase
+    (``probing.PHASES``) and in all, and every timing combined over ranks."""
+    from hvd_flexcomm.flexible import FlexibleController
+    from hvd_flexcomm.probing import run_probes_sharing
+
+    plan = job.plan
+    mode = hvd_flexcomm.Adaptive(**plan.get("adaptive_options", {}))
+    ctrl = FlexibleController(mode, job.size, job.numel, 4, 4)
+    ctrl.probe_crs = tuple(mode.candidates) + (mode.c_low, mode.c_high)  # as the optimizer
+    probe, repeats, _ = ctrl.probe_plan(0, mode.cr)
+    extra = [0.0] * (len(mode.candidates) + 1)
+    for i, _ in enumerate(plan["networks"]):
+        net = job.wait_for_network(i)
+        for r in range(int(plan["rounds"])):
+            hvd.allreduce(torch.zeros(1), name=f"flexible_job.phases.{i}.{r}")  # enter together
+            phases: dict = {}
+            t0 = time.perf_counter()
+            results, _ = run_probes_sharing(hvd, probe, repeats, extra, tag=f"phases.{i}.{r}",
+                                            warmed=set(), phases_ms=phases)
+            total_ms = 1e3 * (time.perf_counter() - t0)
+            job.emit({"kind": "probe_phases", "network": net, "N": job.size, "round": r,
+                      "plan": probe, "total_ms": total_ms, "phases_ms": phases,
+                      "timings": results})
+            job.say(f"probe phases: {net.get('label')} round {r + 1}: {total_ms:.0f} ms ("
+                    + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()) + ")")
+
+
 def _solves(opt) -> list[dict]:
     """Adaptive's finished solves on rank 0 (step, reason, inputs including the time outside
     communication the time objective was normalised by, solved CR); [] otherwise."""
@@ -330,6 +367,8 @@ def main() -> int:
         run_change(job)
     elif plan["kind"] == "probe_bias":
         run_probe_bias(job)
+    elif plan["kind"] == "probe_phases":
+        run_probe_phases(job)
     else:
         raise ValueError(f"unknown plan kind {plan['kind']!r}")
     return end_job(hvd, ctl, job.say)

@@ -119,6 +119,7 @@ class _FlexMethods(torch.optim.Optimizer):
         self._flex_first_hook_at: Optional[float] = None
         self._flex_first_other_ms: Optional[float] = None  # that estimate for the first step
         self._flex_probe_kind: Optional[str] = None  # its kind: "full", "drift" or "refresh"
+        self._flex_probe_phases: Optional[dict] = None  # its ms per phase (probing.PHASES)
         self.last_stats: dict = {}
         compressor = mode.compressor if isinstance(mode, Dense) else None
         if compressor is None:
@@ -286,6 +287,7 @@ class _FlexMethods(torch.optim.Optimizer):
             return
         self._flex_probe_ms = 0.0
         self._flex_probe_kind = None
+        self._flex_probe_phases = None
         self._flex_role = None
         self._flex_cold = self._flex_exploring = False
         sync_start = time.perf_counter()
@@ -347,8 +349,10 @@ class _FlexMethods(torch.optim.Optimizer):
                                          self._flex_first_other_ms) if picking else ()
             t0 = time.perf_counter()
             warm_up, warmed = ctrl.probe_warm_up(kind)
+            phases: dict = {}
             results, shared = run_probes_sharing(self._flex_hvd, plan, repeats, share,
-                                                 self.process_set, warmed=warmed, warm_up=warm_up)
+                                                 self.process_set, warmed=warmed, warm_up=warm_up,
+                                                 phases_ms=phases)
             spent = 1e3 * (time.perf_counter() - t0)
             ctrl.after_probe(self._flex_step, results, kind, spent)
             if picking:
@@ -356,8 +360,10 @@ class _FlexMethods(torch.optim.Optimizer):
                 if picked is not None:
                     cr = self._flex_cr = picked
             self._flex_probe_ms, self._flex_probe_kind = spent, kind
-            log.info("hvd_flexcomm: step %d: %s probe, %d timings, %.1f ms", self._flex_step,
-                     kind, len(results), spent)
+            self._flex_probe_phases = phases
+            log.info("hvd_flexcomm: step %d: %s probe, %d timings, %.1f ms (%s)", self._flex_step,
+                     kind, len(results), spent,
+                     ", ".join(f"{phase} {ms:.1f}" for phase, ms in phases.items()))
             if kind != "refresh":
                 self._flex_control = (0.0,) * CONTROL_SLOTS  # timings before it are stale
                 self._flex_sent = None
@@ -402,6 +408,7 @@ class _FlexMethods(torch.optim.Optimizer):
         self.last_stats["measured_ms"] = self.last_stats["comm_ms"]
         self.last_stats["probe_ms"] = self._flex_probe_ms
         self.last_stats["probe_kind"] = self._flex_probe_kind
+        self.last_stats["probe_phases_ms"] = self._flex_probe_phases
         self.last_stats["cold"] = self._flex_cold
         self.last_stats["exploring"] = self._flex_exploring
         # an exploring step that re-measures the path not in use: why ("drift", "refresh",
@@ -550,10 +557,12 @@ def DistributedOptimizer(
     gradient on some rank: the step was skipped on every rank, residuals kept),
     ``nonfinite_ranks`` and ``other_ms`` (top-k only: ms from the end of the previous step's
     synchronisation to the start of this one's, i.e. time outside communication; None at the
-    first step). Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms`` and
-    ``probe_ms``; ``span`` is True at Adaptive's span steps (``Adaptive.span_steps``: a few
-    steps at the end of the candidate CRs that keep the time curve's slope measured; ``cr``
-    is then the span's CR).
+    first step). Flexible/Adaptive add ``predicted_ms`` (per path), ``measured_ms``,
+    ``probe_ms`` (this rank's ms in the probe run before the step, 0 without one), ``probe_kind``
+    and ``probe_phases_ms`` (that probe's ms per phase, ``probing.PHASES``: the warm-up round,
+    the timed ops, the allgather combining the timings; None without a probe); ``span`` is
+    True at Adaptive's span steps (``Adaptive.span_steps``: a few steps at the end of the
+    candidate CRs that keep the time curve's slope measured; ``cr`` is then the span's CR).
 
     Every top-k payload carries a small hash of (settings, step, CR, path); if the ranks' hashes
     differ (their state diverged), every rank raises the same ``RuntimeError`` at that step.

@@ -27,11 +27,17 @@ from .calibration import KINDS
 from .sync import delivered_ms
 from .waiting import synchronize
 
-__all__ = ["run_probes", "run_probes_sharing", "BARRIER_BYTES", "barriers_needed", "repeat_counts"]
+__all__ = ["run_probes", "run_probes_sharing", "BARRIER_BYTES", "PHASES", "barriers_needed",
+           "repeat_counts"]
 
 #: Bytes of the allreduce that follows each timed broadcast no allreduce entry of the plan
 #: follows (see the module docstring).
 BARRIER_BYTES = 4
+
+#: The phases of a probe whose wall times ``run_probes_sharing(phases_ms=...)`` reports, in
+#: order: the untimed warm-up round (new names only), the timed ops one at a time, and the
+#: allgather that combines the timings over ranks.
+PHASES = ("warm_up", "timed", "combine")
 
 
 def repeat_counts(n_entries: int, repeats: Union[int, Sequence[int]]) -> list[int]:
@@ -60,6 +66,14 @@ def barriers_needed(kinds: Sequence[str], counts: Optional[Sequence[int]] = None
     return sum(counts[i] for i, j in _partners(kinds, counts).items() if j is None)
 
 
+def _write_phases(phases_ms: Optional[dict], clock: Sequence[float]) -> None:
+    """Write the ms between consecutive ``clock`` readings (s) into ``phases_ms`` under the keys
+    of :data:`PHASES`, in order (nothing when ``phases_ms`` is None)."""
+    if phases_ms is not None:
+        phases_ms.update({phase: 1e3 * (end - start)
+                          for phase, start, end in zip(PHASES, clock, clock[1:])})
+
+
 def _start(hvd: Any, kind: str, buf: torch.Tensor, name: str, kw: dict) -> Any:
     """Start one probe op of ``kind`` on ``buf`` (in place for a broadcast or an allreduce);
     its Horovod handle."""
@@ -80,15 +94,17 @@ def _warm_up(hvd: Any, ops: Sequence[tuple[str, str, torch.Tensor]], kw: dict) -
 
 def run_probes(hvd: Any, plan: Sequence[tuple[str, int]], repeats: Union[int, Sequence[int]],
                process_set: Any = None, tag: str = "probe", warmed: Optional[set] = None,
-               warm_up: bool = True) -> list[tuple[str, int, float]]:
+               warm_up: bool = True, phases_ms: Optional[dict] = None
+               ) -> list[tuple[str, int, float]]:
     """:func:`run_probes_sharing` with nothing shared: the probe results only."""
-    return run_probes_sharing(hvd, plan, repeats, (), process_set, tag, warmed, warm_up)[0]
+    return run_probes_sharing(hvd, plan, repeats, (), process_set, tag, warmed, warm_up,
+                              phases_ms)[0]
 
 
 def run_probes_sharing(hvd: Any, plan: Sequence[tuple[str, int]],
                        repeats: Union[int, Sequence[int]], extra: Sequence[float] = (),
                        process_set: Any = None, tag: str = "probe", warmed: Optional[set] = None,
-                       warm_up: bool = True
+                       warm_up: bool = True, phases_ms: Optional[dict] = None
                        ) -> tuple[list[tuple[str, int, float]], list[list[float]]]:
     """Time each ``(kind, nbytes)`` of ``plan`` ``repeats`` times (one count for every entry,
     or one count per entry, each >= 1).
@@ -109,6 +125,9 @@ def run_probes_sharing(hvd: Any, plan: Sequence[tuple[str, int]],
     ``extra``: numbers this rank shares with every rank (the same count on every rank), sent
     in the row of the allgather that combines the timings, at no extra op (Adaptive's first CR:
     rank 0's gains and time outside communication, see ``optimizer.py``).
+    ``phases_ms``: a dict this rank's wall time (ms) of each phase is written into (the keys of
+    :data:`PHASES`: the warm-up round, the timed ops, the allgather that combines the timings;
+    0 for a phase that did not run), so that a log can say where a probe's time went.
     Returns ``([(kind, nbytes, ms), ...], extras)``: each timing combined over ranks (see the
     module docstring), and every rank's ``extra`` by rank; both identical on every rank.
     """
@@ -127,11 +146,13 @@ def run_probes_sharing(hvd: Any, plan: Sequence[tuple[str, int]],
     partner = _partners([kind for kind, _ in plan], counts)
     barriers = [("allreduce", barrier_name, barrier_buf)] if any(
         j is None for j in partner.values()) else []
+    clock = [time.perf_counter()]
     if warm_up:
         cold = {name: (kind, name, buf) for kind, name, buf in ops + barriers
                 if warmed is None or name not in warmed}
         if cold:
             _warm_up(hvd, list(cold.values()), kw)
+    clock.append(time.perf_counter())
     samples: list[tuple[str, int]] = []
     timings: list[float] = []
     after: list[float] = []  # each timing's following allreduce ms (a broadcast's), else 0
@@ -158,14 +179,17 @@ def run_probes_sharing(hvd: Any, plan: Sequence[tuple[str, int]],
                 after.append(0.0)
         if warmed is not None:
             warmed.update(ops[used][1] for used in (i, j) if used is not None)
+    clock.append(time.perf_counter())
     extra = [float(x) for x in extra]
     if not timings and not extra:
+        _write_phases(phases_ms, clock + clock[-1:])
         return [], []
     if warmed is not None and barriers:
         warmed.add(barrier_name)
     n = len(timings)
     every = hvd.allgather(torch.tensor([timings + after + extra], dtype=torch.float64),
                           name=f"hvd_flexcomm.{tag}.timings", **kw)
+    _write_phases(phases_ms, clock + [time.perf_counter()])
     combined = delivered_ms(every[:, :n], every[:, n:2 * n]).tolist() if n else []
     results = [(kind, nbytes, float(ms)) for (kind, nbytes), ms in zip(samples, combined)]
     return results, every[:, 2 * n:].tolist()

@@ -981,7 +981,12 @@ def test_the_probe_row_carries_each_ranks_extra_numbers():
             other[0, -2:] = torch.tensor([7.0, 8.0])
             return torch.cat([tensor, other])
 
-    results, extras = run_probes_sharing(TwoRanks(), [("allgather", 64)], 1, [1.5, 2.5])
+    phases: dict = {}
+    results, extras = run_probes_sharing(TwoRanks(), [("allgather", 64)], 1, [1.5, 2.5],
+                                         phases_ms=phases)
     assert [(kind, nbytes) for kind, nbytes, _ in results] == [("allgather", 64)]
     assert extras == [[1.5, 2.5], [7.0, 8.0]]
-    assert run_probes_sharing(TwoRanks(), [], 1) == ([], [])
+    assert list(phases) == ["warm_up", "timed", "combine"] and min(phases.values()) >= 0
+    empty: dict = {}
+    assert run_probes_sharing(TwoRanks(), [], 1, phases_ms=empty) == ([], [])
+    assert list(empty) == ["warm_up", "timed", "combine"] and empty["combine"] == 0.0

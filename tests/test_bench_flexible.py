@@ -247,6 +247,66 @@ def test_probe_bias_diagnostic_runs_end_to_end(tmp_path):
     assert "| allreduce |" in (out / "probe_bias.md").read_text()
 
 
+PROBE_PHASES = os.path.join(REPO, "benchmarks", "bench_probe_phases.py")
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.timeout(200)
+def test_probe_phases_diagnostic_runs_end_to_end(tmp_path):
+    """Adaptive's start-up probe, phase by phase, on a small gradient: one record per round
+    with every phase measured and the plan's six timings (two sizes of the allgather, the
+    broadcast and the allreduce), and one row per network whose phases sum to at most the
+    probe's time."""
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "phases"
+    argv = [sys.executable, PROBE_PHASES, "--n", "2", "--numel", "200000", "--latency-ms", "1",
+            "--bandwidth", "inf", "--rounds", "2", "--out", str(out), "--timeout-s", "150"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=190,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    got = json.loads((out / "probe_phases.json").read_text())
+    records = [r for r in got["records"] if r.get("kind") == "probe_phases"]
+    assert len(records) == 2, got["records"]
+    for rec in records:
+        assert sorted(kind for kind, _, _ in rec["timings"]) == sorted(
+            ["allgather", "broadcast", "allreduce"] * 2), rec
+        assert all(_positive(ms) for _, _, ms in rec["timings"]), rec
+        assert all(_positive(ms) for ms in rec["phases_ms"].values()), rec
+        assert sum(rec["phases_ms"].values()) <= rec["total_ms"], rec
+    (row,) = got["rows"]
+    assert row["rounds"] == 2 and row["ops"] == 6, row
+    assert row["warm_up_ms"] + row["timed_ms"] + row["combine_ms"] <= 1.01 * row["total_ms"], row
+    assert "| 1 ms / unlimited |" in (out / "probe_phases.md").read_text()
+
+
+def test_probe_phases_summary_takes_medians_per_network_and_path():
+    """``bench_probe_phases.summarize``: per network, in order, the medians over its rounds of
+    the probe's time, of each phase and of each path's timed ops (AR-Topk: broadcast and
+    allreduce together)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_probe_phases as phases
+
+    def rec(label, total, warm, timed, combine, ag, bc, ar):
+        return {"kind": "probe_phases", "network": {"label": label}, "N": 4, "total_ms": total,
+                "phases_ms": {"warm_up": warm, "timed": timed, "combine": combine},
+                "timings": [("allgather", 100, ag), ("broadcast", 40, bc), ("allreduce", 50, ar)]}
+
+    records = [rec("slow", 10, 2, 6, 2, 1, 2, 3), rec("slow", 30, 4, 20, 6, 5, 6, 7),
+               rec("slow", 20, 3, 9, 8, 2, 2, 2), {"kind": "other"},
+               rec("fast", 5, 1, 3, 1, 1, 1, 1)]
+    rows = phases.summarize(records)
+    assert [r["network"] for r in rows] == ["slow", "fast"]
+    slow = rows[0]
+    assert (slow["rounds"], slow["total_ms"], slow["warm_up_ms"], slow["timed_ms"],
+            slow["combine_ms"]) == (3, 20, 3, 9, 6)
+    assert (slow["AG-Topk"], slow["AR-Topk"], slow["ops"]) == (2, 5, 3)  # AR: 5, 13, 4
+    assert "| fast | 5 | 1 | 3 | 1 | 3 | 1 | 2 |" in phases.markdown(
+        rows, {"started": "now", "n": 4, "numel": 1000, "options": "", "rounds": 3})
+
+
 #: the keys ``summary_lines`` reads without a default (a grid's acceptance has them all)
 _ACC = {"cells": 3, "median_err_ag": 0.1, "median_err_ar": 0.1, "err_target": 0.15,
         "err_met": True, "median_err0_ag": 0.1, "median_err0_ar": 0.1, "flex_within_5pct": 2,

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from hvd_flexcomm.probing import PHASES
 from tests.harness import run_parallel
 
 pytestmark = pytest.mark.slow
@@ -131,6 +132,13 @@ def test_flexible_paths_agree_and_match_reference(np_):
                 assert set(s["predicted_ms"]) == {"allgather", "allreduce"}
                 assert s["measured_ms"] > 0
             assert run["stats"][0]["probe_ms"] > 0  # start-up calibration
+            # where its time went: a warm-up round (every name new), the timed ops, the
+            # allgather combining the timings, each measured, together within the probe's time
+            phases = run["stats"][0]["probe_phases_ms"]
+            assert list(phases) == list(PHASES) and all(ms > 0 for ms in phases.values()), phases
+            assert sum(phases.values()) <= run["stats"][0]["probe_ms"], phases
+            for s in run["stats"][1:]:
+                assert (s["probe_phases_ms"] is None) == (s["probe_ms"] == 0), s
             # a fixed CR: a step is cold (its names negotiated afresh, kept out of the fits) on
             # its path's first use only
             seen = set()
@@ -146,6 +154,10 @@ def test_flexible_paths_agree_and_match_reference(np_):
         refreshed = [s for s in r["stats"] if s["remeasure"] == "refresh"]
         assert refreshed and all(s["exploring"] for s in refreshed)
         assert any(s["probe_ms"] > 0 for s in r["by_probes"]["stats"][1:])
+        # a refresh runs no untimed op: its warm-up phase is empty
+        refresh_phases = [s["probe_phases_ms"] for s in r["by_probes"]["stats"]
+                          if s["probe_kind"] == "refresh"]
+        assert refresh_phases and all(p["warm_up"] < 0.2 * p["timed"] for p in refresh_phases)
         assert not any(s["remeasure"] for s in r["by_probes"]["stats"])
         # run_probes on real collectives: a size's first use adds one warm-up op (and the
         # barrier's name one), later uses and refreshes (warm_up=False) not; the first
