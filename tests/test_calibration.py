@@ -359,6 +359,36 @@ def test_fit_round_trip_preserves_learned_slope_after_collapse():
     assert clone.has_slope
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.floats(min_value=1.0, max_value=1e8), min_size=2, max_size=6, unique=True),
+    levels=st.lists(st.floats(min_value=0.01, max_value=1e4), min_size=6, max_size=6),
+    counts=st.lists(st.integers(min_value=1, max_value=8), min_size=6, max_size=6),
+)
+def test_constrained_line_is_the_non_negative_least_squares_optimum(sizes, levels, counts):
+    """The closed-form constrained line (a >= 0, b >= 0; the boundary it takes when the free
+    fit's intercept or slope is negative) reaches the weighted objective of SciPy's
+    non-negative least squares on the same problem, at any number of sizes."""
+    from scipy.optimize import nnls
+
+    from hvd_flexcomm.calibration import _MIN_MS_FOR_WEIGHT, _weighted_constrained_line
+
+    x = np.asarray(sorted(sizes))
+    y = np.asarray(levels[:len(x)])
+    n = np.asarray(counts[:len(x)], dtype=float)
+    a, b = _weighted_constrained_line(x, y, n)
+    assert a >= 0.0 and b >= 0.0
+    w = n / np.maximum(y, _MIN_MS_FOR_WEIGHT) ** 2
+    scale = float(x.max())
+    (ref_a, ref_b), _ = nnls(np.column_stack([np.ones_like(x), x / scale]) * np.sqrt(w)[:, None],
+                             y * np.sqrt(w))
+
+    def objective(a_ms, b_scaled):
+        return float(np.sum(w * (y - a_ms - b_scaled * x / scale) ** 2))
+
+    assert objective(a, b * scale) <= objective(ref_a, ref_b) * (1 + 1e-7) + 1e-9
+
+
 @settings(deadline=None)  # shared, noisy CI machines
 @given(
     a=st.floats(min_value=0.0, max_value=50.0),
