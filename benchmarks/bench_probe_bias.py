@@ -19,7 +19,6 @@ payload delivers it. It prints, per cell and collective, the medians and their r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -78,11 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "probe_bias"))
     ap.add_argument("--timeout-s", type=float, default=1800.0)
     args = ap.parse_args(argv)
-    rates = args.bandwidth if len(args.bandwidth) == len(args.latency_ms) else (
-        args.bandwidth * len(args.latency_ms) if len(args.bandwidth) == 1 else None)
-    if rates is None:
-        ap.error("--bandwidth takes one rate, or one per --latency-ms")
-    networks = [drv.network(d, b) for d, b in zip(args.latency_ms, rates)]
+    networks = drv.paired_networks(ap, args.latency_ms, args.bandwidth)
     meta = {"started": time.strftime("%c"), "n": args.n, "numel": args.numel,
             "rounds": args.rounds, "steps": args.steps, "repeats": args.repeats,
             "networks": [n["label"] for n in networks], "crs": args.cr}
@@ -93,13 +88,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                           on_line=lambda line: print(f"  {line}", flush=True))
     rows = [row for rec in records if rec.get("kind") == "probe_bias" for row in summarize(rec)]
     meta["elapsed_s"] = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_bias.json"), "w") as fh:
-        json.dump({"meta": meta, "rows": rows, "records": records}, fh, indent=1)
-    text = markdown(rows, meta)
-    with open(os.path.join(args.out, "probe_bias.md"), "w") as fh:
-        fh.write(text)
-    print(text)
+    drv.write_report(args.out, "probe_bias", {"meta": meta, "rows": rows, "records": records},
+                     markdown(rows, meta))
     return 0
 
 

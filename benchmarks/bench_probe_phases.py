@@ -91,14 +91,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "probe_phases"))
     ap.add_argument("--timeout-s", type=float, default=900.0)
     args = ap.parse_args(argv)
-    rates = args.bandwidth if len(args.bandwidth) == len(args.latency_ms) else (
-        args.bandwidth * len(args.latency_ms) if len(args.bandwidth) == 1 else None)
-    if rates is None:
-        ap.error("--bandwidth takes one rate, or one per --latency-ms")
     options = json.loads(args.options)
     if not isinstance(options, dict):
         ap.error(f"--options must be a JSON object, got {args.options!r}")
-    networks = [drv.network(d, b) for d, b in zip(args.latency_ms, rates)]
+    networks = drv.paired_networks(ap, args.latency_ms, args.bandwidth)
     meta = {"started": time.strftime("%c"), "n": args.n, "numel": args.numel,
             "rounds": args.rounds, "networks": [n["label"] for n in networks],
             "options": ", ".join(f"{k}={v!r}" for k, v in options.items())}
@@ -109,13 +105,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                           on_line=lambda line: print(f"  {line}", flush=True))
     rows = summarize(records)
     meta["elapsed_s"] = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_phases.json"), "w") as fh:
-        json.dump({"meta": meta, "rows": rows, "records": records}, fh, indent=1)
-    text = markdown(rows, meta)
-    with open(os.path.join(args.out, "probe_phases.md"), "w") as fh:
-        fh.write(text)
-    print(text)
+    drv.write_report(args.out, "probe_phases", {"meta": meta, "rows": rows, "records": records},
+                     markdown(rows, meta))
     return 0
 
 

@@ -9,6 +9,8 @@ Needs root (network namespaces); the emulator is always cleaned up (context mana
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -45,6 +47,30 @@ class JobError(RuntimeError):
     def __init__(self, message: str, records: list[dict[str, Any]]) -> None:
         super().__init__(message)
         self.records = records
+
+
+def paired_networks(ap: argparse.ArgumentParser, latency_ms: Sequence[float],
+                    rates: Sequence[Optional[float]]) -> list[dict[str, Any]]:
+    """The networks of a diagnostic's ``--latency-ms`` and ``--bandwidth`` (Mbit/s, None for
+    no limit), paired by position, or one rate for every latency; any other count of rates
+    stops the program with ``ap.error`` naming both options."""
+    if len(rates) == 1:
+        rates = list(rates) * len(latency_ms)
+    if len(rates) != len(latency_ms):
+        ap.error(f"--bandwidth takes one rate, or one per --latency-ms ({len(latency_ms)}), "
+                 f"got {len(rates)}")
+    return [network(d, b) for d, b in zip(latency_ms, rates)]
+
+
+def write_report(out: str, stem: str, payload: dict[str, Any], text: str) -> None:
+    """Write ``payload`` to ``out/stem.json`` and the markdown ``text`` to ``out/stem.md``
+    (creating ``out``), and print the markdown."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, stem + ".json"), "w") as fh:
+        json.dump(payload, fh, indent=1)
+    with open(os.path.join(out, stem + ".md"), "w") as fh:
+        fh.write(text)
+    print(text)
 
 
 def run_job(n: int, plan: dict[str, Any], networks: Sequence[dict[str, Any]], timeout_s: float,

@@ -282,6 +282,24 @@ def test_probe_phases_diagnostic_runs_end_to_end(tmp_path):
     assert "| 1 ms / unlimited |" in (out / "probe_phases.md").read_text()
 
 
+def test_paired_networks_pair_rates_with_latencies_or_share_one(capsys):
+    """The diagnostics' ``--latency-ms`` / ``--bandwidth`` pairing: by position, or one rate
+    for every latency; another count of rates is an error naming both options and the
+    counts."""
+    import argparse
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import flexible_driver as drv
+
+    ap = argparse.ArgumentParser(prog="diag")
+    assert [n["label"] for n in drv.paired_networks(ap, [25.0, 5.0], [None, 100.0])] == [
+        "25 ms / unlimited", "5 ms / 100 Mbit"]
+    assert [n["rate_mbit"] for n in drv.paired_networks(ap, [1.0, 2.0, 3.0], [10.0])] == [10.0] * 3
+    with pytest.raises(SystemExit):
+        drv.paired_networks(ap, [1.0, 2.0, 3.0], [10.0, 20.0])
+    assert "--bandwidth takes one rate, or one per --latency-ms (3), got 2" in capsys.readouterr().err
+
+
 def test_probe_phases_summary_takes_medians_per_network_and_path():
     """``bench_probe_phases.summarize``: per network, in order, the medians over its rounds of
     the probe's time, of each phase and of each path's timed ops (AR-Topk: broadcast and
