@@ -465,7 +465,10 @@ class Adaptive(Flexible):
       ``probing.py``), and a Horovod op costs several round trips before any data moves (the
       start-up probe took 3.1-3.4 s at 5 ms one way and about 10 s at 25 ms, N=4, against runs
       of 40-110 s). A second timing per size only averaged two samples; the spans (on real
-      steps) and the steps at the CR in use check the model afterwards.
+      steps) and the steps at the CR in use check the model afterwards. With one timing and
+      the top at 0.033 the start-up probe takes 1.3 s at 5 ms and 5.5 s at 25 ms (N=4,
+      ``benchmarks/bench_probe_phases.py``: at 25 ms the warm-up round 1.4 s, the six timed
+      ops 3.5 s, AR-Topk's two pairs 2.4 s of them, the allgather combining the timings 0.6 s).
     - ``probe_top_cr``: the largest CR whose size a **full probe** times. Default (None): the
       largest candidate strictly between ``c_low`` and ``c_high`` (0.033 with the default
       candidates; ``c_high`` when there is none), set in ``__post_init__``; ``c_high`` times the
