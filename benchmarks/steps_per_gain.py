@@ -386,15 +386,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(str(exc))
     estimates = seed_estimates(results, args.smoothed, args.from_step)
     points = adaptive_points(results, args.smoothed, args.from_step, args.reference_cr)
-    md = markdown(estimates, "smoothed target" if args.smoothed else "target", args.from_step,
-                  points=points, reference_cr=args.reference_cr)
+    ruler = "smoothed target" if args.smoothed else "target"
+    md = markdown(estimates, ruler, args.from_step, points=points, reference_cr=args.reference_cr)
     print(md)
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(md)
     if args.plot:
-        plot(estimates, points, args.plot, "smoothed target" if args.smoothed else "target",
-             reference_cr=args.reference_cr)
+        plot(estimates, points, args.plot, ruler, reference_cr=args.reference_cr)
     return 0
 
 
