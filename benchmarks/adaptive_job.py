@@ -229,6 +229,7 @@ class Job:
         if ctrl is not None:
             record["flexible"] = {"n_switches": ctrl.n_switches, "n_full_probes": ctrl.n_full_probes,
                                   "n_drift_probes": ctrl.n_drift_probes,
+                                  "n_drift_unconfirmed": ctrl.n_drift_unconfirmed,
                                   "n_refreshes": ctrl.n_refreshes,
                                   "probe_ms_total": ctrl.probe_ms_total,
                                   "n_span_steps": ctrl.n_span_steps,

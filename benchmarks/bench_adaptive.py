@@ -457,6 +457,7 @@ def summarize(rec: dict[str, Any], target: float, reference_acc: float) -> dict[
         "probe_ms_total": sum(x for x in ps["probe_ms"] if x),
         "full_probes": rec.get("flexible", {}).get("n_full_probes"),
         "drift_probes": rec.get("flexible", {}).get("n_drift_probes"),
+        "drifts_unconfirmed": rec.get("flexible", {}).get("n_drift_unconfirmed"),
         "refresh_probes": rec.get("flexible", {}).get("n_refreshes"),
         "collectives": dict(Counter(c for c in ps["collective"] if c is not None)),
         "epochs_started": rec["epochs_started"],
@@ -687,7 +688,9 @@ def markdown(result: dict[str, Any]) -> str:
                         f", {ada['span_confirms']} confirmed it")
                      + ("." if ada.get("span_offs") is None else
                         f", {ada['span_offs']} off it once, kept out of it.")
-                     if ada.get("span_steps") else "")]
+                     if ada.get("span_steps") else "")
+                  + (f" Drifts the steps after them did not confirm (nothing re-measured): "
+                     f"{ada['drifts_unconfirmed']}." if ada.get("drifts_unconfirmed") else "")]
     if a.get("adaptive"):
         ratio = a.get("ratio_adaptive_vs_best_fixed")
         faster = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in a["faster_than"].items())

@@ -595,14 +595,18 @@ class DriftDetector:
         """Whether one (prediction, measurement) pair is off: beyond ``threshold`` of the
         prediction and outside the noise band (``band``, when the caller has it already, else
         :meth:`noise_band`)."""
+        band = self.noise_band() if band is None else band
+        return (self.off_prediction(predicted_ms, measured_ms)
+                and (band is None or not band[0] <= measured_ms <= band[1]))
+
+    def off_prediction(self, predicted_ms: float, measured_ms: float) -> bool:
+        """Whether a measurement is beyond ``threshold`` of its prediction (relative error; a
+        non-positive prediction: whenever ``measured_ms > 0``), whatever the noise band."""
         if not (math.isfinite(predicted_ms) and math.isfinite(measured_ms)):
             raise ValueError(f"non-finite times: predicted={predicted_ms}, measured={measured_ms}")
         if predicted_ms <= 0.0:
-            off = measured_ms > 0.0
-        else:
-            off = abs(measured_ms - predicted_ms) / predicted_ms > self.threshold
-        band = self.noise_band() if band is None else band
-        return off and (band is None or not band[0] <= measured_ms <= band[1])
+            return measured_ms > 0.0
+        return abs(measured_ms - predicted_ms) / predicted_ms > self.threshold
 
     def update(self, predicted_ms: float, measured_ms: float) -> bool:
         """Feed one step (both in ms); True when this step completes ``patience`` violations.
@@ -623,6 +627,11 @@ class DriftDetector:
             self._release()
             return True
         return False
+
+    def remember(self, measured_ms: float) -> None:
+        """Add a measurement (ms) to the recent range without judging it (a step judged
+        elsewhere, e.g. one confirming a drift this detector fired on)."""
+        self.history.append(float(measured_ms))
 
     def _release(self) -> None:
         self.history.extend(self._streak)

@@ -148,6 +148,13 @@ class Flexible(TopkCompression):
       this size (once ``drift_patience`` are known): a path whose timings switch between levels
       further apart than ``drift_threshold`` (TCP at 10 ms one way: runs at ~100 ms, then at
       ~160 ms) does not trigger probes with its own noise. 0: the relative threshold alone.
+    - ``drift_confirm``: once the detector fires, this many more route steps (at the CR in use,
+      on the path in use) must each still be off their prediction, as judged when it fired
+      (beyond ``drift_threshold`` and outside that noise range), before the model is
+      re-measured; the first step back inside either cancels it (``n_drift_unconfirmed``). A
+      transient burst of slow steps then re-measures nothing, and its steps do not become the
+      path's new level. 0 (the default here): re-measure at once; Flexible's re-measure by steps
+      costs a step's difference of the paths. Adaptive's default is 3 (see there).
     - ``reprobe_interval``: at most every this many steps, re-measure the path *not* in use
       once (a *refresh*, see ``reprobe_by``), so its prediction does not go stale. 0 disables.
     - ``probe_budget``: refreshes run only while their total time (ms; a probe's timed ops, or
@@ -206,6 +213,7 @@ class Flexible(TopkCompression):
     drift_threshold: float = 0.25
     drift_patience: int = 5
     drift_noise: float = 0.1
+    drift_confirm: int = 0
     reprobe_interval: int = 100
     probe_budget: float = 0.02
     probe_repeats: int = 2
@@ -225,7 +233,7 @@ class Flexible(TopkCompression):
         _check_positive("probe_budget", self.probe_budget, "a positive number (a fraction of the "
                         "measured communication time, e.g. 0.02)")
         _check_ints(self, ("drift_patience", "probe_repeats", "level_steps"), minimum=1)
-        _check_ints(self, ("reprobe_interval",), minimum=0)
+        _check_ints(self, ("reprobe_interval", "drift_confirm"), minimum=0)
         explore = self.explore_within
         numeric = isinstance(explore, (int, float)) and not isinstance(explore, bool)
         if not (numeric and (explore == 0 or 1.0 <= explore < math.inf)):
@@ -460,6 +468,18 @@ class Adaptive(Flexible):
       lay within 13% of those of the run with 10 at every candidate, and its pick was the same
       end of the range after the change to the slower link (``c_high``) and 0.0115-0.015
       against 0.013-0.016 after the change to the faster one.
+    - ``drift_confirm`` defaults to 3 here (Flexible: 0): after the drift detector fires, three
+      more steps must still be off the model before the drift probe. Adaptive re-anchors the
+      path in use on the recent steps and refits its line on the spans after the probe, so a
+      transient burst of slow steps taken for drift moves the whole time curve: on a static
+      100 Mbit/s, 5 ms link (N=4, 2 cores; seed 112 of ``runs/static_107_112_41bdae1``) five
+      steps after a span at ``c_low`` took 242-307 ms where about 140 ms was predicted and the
+      steps before mostly 130-200 ms; the drift probe re-anchored on them, the spans after it
+      refitted the line, and the re-solve saw 684 ms at CR 0.1 (268 ms at the start-up probe)
+      and ran CR 0.0073 for 320 steps; the three steps after the burst took 193-204 ms, inside
+      the 139-209 ms range the detector judged by (reconstructed from the run's step timings).
+      The price: a real change is re-measured three steps
+      later.
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12 (each broadcast followed by the allreduce of its k, no barrier op; see
       ``probing.py``), and a Horovod op costs several round trips before any data moves (the
@@ -524,6 +544,7 @@ class Adaptive(Flexible):
     span_every: int = 50
     span_settle_steps: int = 4
     probe_repeats: int = 1
+    drift_confirm: int = 3
     probe_top_cr: Optional[float] = None
     start_by: str = "probe"
     reprobe_by: str = "probes"

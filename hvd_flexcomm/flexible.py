@@ -121,6 +121,13 @@ class FlexibleController:
         self.full_probe_due = True  # start-up calibration
         #: drift seen under Flexible (no candidate CRs): the next probe is a drift probe
         self.drift_probe_due = False
+        #: route steps still to confirm a drift the detector fired on (``mode.drift_confirm``),
+        #: the (path, k) it fired at and the noise band (ms) it judged by; 0: none pending
+        self.drift_confirm_left = 0
+        self.drift_confirm_key: Optional[tuple[str, int]] = None
+        self.drift_confirm_band: Optional[tuple[float, float]] = None
+        #: drifts the steps after the detector fired did not confirm (no re-measure ran)
+        self.n_drift_unconfirmed = 0
         #: the samples the last ``drift_patience`` steps fed to the fits: [(kind, bytes, ms), ...]
         #: per step, oldest first (the measurements that fired the drift detector)
         self.recent_steps: deque = deque(maxlen=mode.drift_patience)
@@ -505,6 +512,7 @@ class FlexibleController:
         self.span_other_due = kind == "drift" and self.spans_on
         self.span_second_path = None
         self.drift_probe_due = False
+        self.drift_confirm_left = 0  # this probe measured whatever the detector had seen
         self.recent_steps.clear()
         self.drift.reset()
         self.router.reset()  # re-decide from scratch on a recalibrated model
@@ -694,7 +702,8 @@ class FlexibleController:
             self.n_span_steps += 1
             return self.span_cr, "span"
         if (not self.spans_on or self.path not in PATHS or self.probe_due or self.span_open
-                or self.start_pending or step < self.dense_until_step):
+                or self.start_pending or self.drift_confirm_left > 0
+                or step < self.dense_until_step):
             return cr, None
         n = int(self.mode.span_steps)
         since = step - max(self.last_probe_step, self.dense_until_step,
@@ -945,28 +954,66 @@ class FlexibleController:
         if (path, k) != self.drift_key:
             self.drift.clear_history()  # another path or size: its timings have their own range
             self.drift_key = (path, k)
+        if self.drift_confirm_left > 0:
+            self._confirm_drift(path, k, predicted, measured)
+            return
         if self.drift.update(predicted, measured):
             band = self.drift.last_band
-            if self.reprobes_by_steps:
+            shown = ("" if band is None else
+                     f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms")
+            confirm = int(getattr(self.mode, "drift_confirm", 0))
+            if confirm > 0:
+                self.drift_confirm_left = confirm
+                self.drift_confirm_key, self.drift_confirm_band = (path, k), band
                 log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms%s "
-                         "for %d steps: the %s is re-anchored on them and the other path is "
-                         "re-measured on a real step", path, measured, predicted,
-                         "" if band is None else
-                         f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms",
-                         self.drift.patience, path)
-                self._drift_by_steps(path)
+                         "for %d steps: the model is re-measured if the next %d step(s) are off "
+                         "too", path, measured, predicted, shown, self.drift.patience, confirm)
                 return
-            # candidate CRs (Adaptive) need every slope: a full probe, or under span steps a
-            # drift probe and a span soon after it; a fixed CR needs its size
-            if self.probe_crs and not self.spans_on:
-                self.full_probe_due = True
-            else:
-                self.drift_probe_due = True
-            log.info("hvd_flexcomm: measured %s time %.2f ms is off its prediction %.2f ms%s for "
-                     "%d steps: %s probe of the network", path, measured, predicted,
-                     "" if band is None else
-                     f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms",
-                     self.drift.patience, "full" if self.full_probe_due else "drift")
+            self._act_on_drift(path, (f"measured {path} time {measured:.2f} ms is off its "
+                                      f"prediction {predicted:.2f} ms{shown} for "
+                                      f"{self.drift.patience} steps"))
+
+    def _confirm_drift(self, path: str, k: int, predicted: float, measured: float) -> None:
+        """One route step after the detector fired (``mode.drift_confirm``): off its prediction
+        as judged when it fired (beyond ``drift_threshold`` and outside the noise band of then;
+        the threshold alone at another path or size), it counts towards the re-measure;
+        otherwise the drift is not confirmed and nothing is re-measured. Either way its timing
+        joins the detector's recent range."""
+        band = self.drift_confirm_band if (path, k) == self.drift_confirm_key else None
+        off = (self.drift.off_prediction(predicted, measured) if band is None
+               else self.drift.violates(predicted, measured, band))
+        self.drift.remember(measured)
+        if not off:
+            self.drift_confirm_left = 0
+            self.n_drift_unconfirmed += 1
+            log.info("hvd_flexcomm: measured %s time %.2f ms is back near its prediction %.2f ms%s"
+                     ": drift not confirmed, nothing re-measured", path, measured, predicted,
+                     "" if band is None else f" or within {band[0]:.2f}-{band[1]:.2f} ms")
+            return
+        self.drift_confirm_left -= 1
+        if self.drift_confirm_left == 0:
+            self._act_on_drift(path, (f"measured {path} time {measured:.2f} ms is still off its "
+                                      f"prediction {predicted:.2f} ms, "
+                                      f"{self.mode.drift_confirm} step(s) after the drift "
+                                      "detector fired"))
+
+    def _act_on_drift(self, path: str, why: str) -> None:
+        """Re-measure after drift (``why``: for the log): under ``reprobe_by="steps"`` the
+        path in use is re-anchored and the other path re-measured on a real step; otherwise a
+        probe falls due: a full one for candidate CRs without span steps, else a drift probe
+        (spans follow it under span steps; a fixed CR needs its size only)."""
+        self.drift_confirm_left = 0
+        if self.reprobes_by_steps:
+            log.info("hvd_flexcomm: %s: the %s is re-anchored on its recent steps and the other "
+                     "path is re-measured on a real step", why, path)
+            self._drift_by_steps(path)
+            return
+        if self.probe_crs and not self.spans_on:
+            self.full_probe_due = True
+        else:
+            self.drift_probe_due = True
+        log.info("hvd_flexcomm: %s: %s probe of the network", why,
+                 "full" if self.full_probe_due else "drift")
 
     def _span_ends_ms(self, path: Optional[str] = None) -> dict:
         """Predicted ms of ``path`` (default: the path in use) at both ends of the candidate
@@ -1101,6 +1148,7 @@ class FlexibleController:
                 "n_span_steps": self.n_span_steps,
                 "n_span_moves": self.n_span_moves, "n_span_confirms": self.n_span_confirms,
                 "n_span_offs": self.n_span_offs, "span_off_side": self.span_off_side,
+                "n_drift_unconfirmed": self.n_drift_unconfirmed,
                 "n_step_starts": self.n_step_starts, **self._after_drift_state()}
 
     def _after_drift_state(self) -> dict[str, Any]:
@@ -1141,6 +1189,9 @@ class FlexibleController:
         self.n_span_confirms = int(state.get("n_span_confirms", 0))
         self.n_span_offs = int(state.get("n_span_offs", 0))
         self.span_off_side = state.get("span_off_side")
+        # a drift being confirmed is not resumed (as the detector's count): it fires again
+        self.n_drift_unconfirmed = int(state.get("n_drift_unconfirmed", 0))
+        self.drift_confirm_left = 0
         self._end_span()  # a span under way is not resumed (its timings were this process's)
         self.span_soon_step = state.get("span_soon_step")
         self.span_other_due = bool(state.get("span_other_due", False))

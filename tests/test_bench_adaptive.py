@@ -75,6 +75,10 @@ def test_quick_benchmark_end_to_end(tmp_path):
         assert len(crs) == rec["steps"] and crs[0] == 1.0, crs[:5]
         assert all(c_low <= c <= 1.0 for c in crs), sorted(set(crs))
         assert len(rec["per_step"]["collective"]) == len(crs)
+        # drifts the steps after the detector fired did not confirm (Adaptive's drift_confirm)
+        assert rec["flexible"]["n_drift_unconfirmed"] >= 0
+        assert rows[rec["method"]["name"]]["drifts_unconfirmed"] == rec["flexible"][
+            "n_drift_unconfirmed"]
 
 
 def _seed_result(seed: int, times: dict) -> dict:

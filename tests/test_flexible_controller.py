@@ -242,6 +242,7 @@ def test_state_round_trip():
     ({"reprobe_by": "ops"}, "reprobe_by.*'ops'"), ({"reprobe_by": None}, "reprobe_by"),
     ({"level_steps": 0}, "level_steps.*0"), ({"level_steps": 2.5}, "level_steps"),
     ({"level_steps": True}, "level_steps"),
+    ({"drift_confirm": -1}, "drift_confirm.*-1"), ({"drift_confirm": 1.5}, "drift_confirm"),
 ])
 def test_flexible_rejects_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -295,10 +296,13 @@ def test_full_probes_after_drift_warm_up_every_op_again():
 
 def _span_ctrl(ag_ms_per_byte=1e-6, **kw):
     """A controller with Adaptive's candidate CRs, calibrated on allgather ``1 + 1e-6·bytes`` ms
-    (AR 10^4 times dearer per byte), at CR 0.01 on the allgather."""
+    (AR 10^4 times dearer per byte), at CR 0.01 on the allgather. Drift acts as soon as the
+    detector fires unless ``drift_confirm`` is given."""
     from hvd_flexcomm import Adaptive
 
-    mode = Adaptive(cr=0.01, reprobe_interval=0, drift_patience=3, **kw)
+    kw.setdefault("drift_confirm", 0)
+    kw.setdefault("drift_patience", 3)
+    mode = Adaptive(cr=0.01, reprobe_interval=0, **kw)
     ctrl = FlexibleController(mode, world_size=2, numel=NUMEL)
     ctrl.probe_crs = (0.1, 0.01, 0.001)
     _probe(ctrl, 0, 0.01, ag_ms_per_byte=ag_ms_per_byte, ar_ms_per_byte=1e-2)
@@ -459,6 +463,91 @@ def test_span_state_round_trip():
     other.load_dict(ctrl.to_dict())
     assert (other.last_span_step, other.n_span_steps, other.span_ms_total) == (5, 1, 0.0)
     assert other.spanned_ks == set()  # a new process negotiates the span's names again
+
+
+QUIET = [1.05, 0.95] * 6  # step timings within 5% of the prediction
+
+
+def _fire_after_noise(ctrl, noise, burst):
+    """Feed route steps at ``noise`` (factors of the prediction at CR 0.01: the path's recent
+    range), then ``drift_patience`` steps at ``burst`` x: the detector fires. Returns the
+    prediction (ms)."""
+    predicted = ctrl.predict(0.01)["allgather"]
+    for factor in noise:
+        ctrl.observe_step(_ag_control(factor * predicted), 0.01)
+    assert ctrl.drift_confirm_left == 0 and not ctrl.probe_due
+    for _ in range(ctrl.mode.drift_patience):
+        ctrl.observe_step(_ag_control(burst * predicted), 0.01)
+    assert ctrl.drift_confirm_left == ctrl.mode.drift_confirm
+    return predicted
+
+
+def test_a_burst_the_next_step_does_not_confirm_re_measures_nothing():
+    """``drift_confirm``: after the detector fires, the next route step back within
+    ``drift_threshold`` of the prediction cancels the drift: no probe, no re-anchoring on the
+    burst's steps, the model as it was; a span is held while the drift is being confirmed."""
+    ctrl = _span_ctrl(span_steps=2, span_every=10, drift_confirm=3)
+    quiet = _span_ctrl(span_steps=2, span_every=10, drift_patience=30)  # never fires here
+    predicted = _fire_after_noise(ctrl, QUIET, burst=2.5)
+    assert ctrl.drift_confirm_left == 3 and not ctrl.probe_due and not ctrl.recalibrating
+    assert ctrl.step_cr(20, 0.01) == (0.01, None)  # a span would be due: held meanwhile
+    ctrl.observe_step(_ag_control(2.5 * predicted), 0.01)  # still off: 2 to go
+    assert ctrl.drift_confirm_left == 2 and not ctrl.probe_due
+    ctrl.observe_step(_ag_control(1.1 * predicted), 0.01)  # back within the threshold
+    assert ctrl.drift_confirm_left == 0 and ctrl.n_drift_unconfirmed == 1
+    assert not ctrl.probe_due and ctrl.n_drift_probes == 0
+    for speed in QUIET + [2.5] * 4 + [1.1]:  # the same steps
+        quiet.observe_step(_ag_control(speed * predicted), 0.01)
+    assert quiet.drift.count < quiet.mode.drift_patience and not quiet.probe_due
+    # the model is what the steps alone make of it: nothing re-anchored on the burst
+    assert ctrl.predict(0.01) == quiet.predict(0.01)
+    assert ctrl.step_cr(21, 0.01) == (0.001, "cold")  # the span runs now
+    assert ctrl.to_dict()["n_drift_unconfirmed"] == 1
+
+
+def test_a_confirming_step_is_judged_by_the_range_the_detector_fired_on():
+    """A step off by more than ``drift_threshold`` but inside the recent range the detector
+    judged the burst by is the path's own noise: it does not confirm the drift."""
+    ctrl = _span_ctrl(drift_confirm=2)
+    # a range widening step by step: each step off the level returns inside it the next step
+    predicted = _fire_after_noise(ctrl, [1.2, 0.8] * 3 + [1.8, 0.8] * 10, burst=4.0)
+    unconfirmed, band = ctrl.n_drift_unconfirmed, ctrl.drift_confirm_band
+    now = ctrl.predict(0.01)["allgather"]
+    measured = 1.7 * predicted
+    assert band is not None and band[0] < measured < band[1]
+    assert ctrl.drift.off_prediction(now, measured)  # beyond the threshold
+    ctrl.observe_step(_ag_control(measured), 0.01)
+    assert ctrl.n_drift_unconfirmed == unconfirmed + 1 and not ctrl.probe_due
+
+
+def test_a_drift_the_next_steps_confirm_re_anchors_on_the_latest_steps():
+    """A real change: every step after the detector fired is off too, so after ``drift_confirm``
+    of them the drift probe falls due (not before), and the path in use is re-anchored on the
+    latest ``drift_patience`` steps, the settled ones, not on the first steps after the
+    change."""
+    ctrl = _span_ctrl(span_steps=2, span_every=50, drift_confirm=3)
+    predicted = _fire_after_noise(ctrl, QUIET, burst=4.0)
+    for left in (2, 1):
+        ctrl.observe_step(_ag_control(2.0 * predicted), 0.01)
+        assert ctrl.drift_confirm_left == left and not ctrl.probe_due
+    ctrl.observe_step(_ag_control(2.0 * predicted), 0.01)
+    assert ctrl.drift_probe_due and ctrl.drift_confirm_left == 0 and ctrl.recalibrating
+    _, what = _probe(ctrl, 20, 0.01, ag_ms_per_byte=1e-6, ar_ms_per_byte=1e-2)
+    assert what == "drift" and ctrl.n_drift_unconfirmed == 0
+    assert ctrl.predict(0.01)["allgather"] == pytest.approx(2.0 * predicted)
+
+
+def test_drift_confirm_is_not_resumed_from_a_checkpoint():
+    """A checkpoint keeps the count of unconfirmed drifts; a drift being confirmed is not
+    resumed (as the detector's count: a lasting change fires it again)."""
+    ctrl = _span_ctrl(drift_confirm=3)
+    predicted = _fire_after_noise(ctrl, QUIET, burst=2.5)
+    ctrl.observe_step(_ag_control(predicted), 0.01)
+    _fire_after_noise(ctrl, QUIET, burst=2.5)
+    assert (ctrl.n_drift_unconfirmed, ctrl.drift_confirm_left) == (1, 3)
+    other = _span_ctrl(drift_confirm=3)
+    other.load_dict(ctrl.to_dict())
+    assert (other.n_drift_unconfirmed, other.drift_confirm_left) == (1, 0)
 
 
 def test_drift_under_span_steps_runs_a_drift_probe_then_a_span_that_recalibrates():
