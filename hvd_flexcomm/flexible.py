@@ -420,8 +420,9 @@ class FlexibleController:
                 plan.append(("allgather", VAR_GATHER_BYTES))  # VAR's norm allgather rides on the AG fit
             return plan, self.mode.probe_repeats, "drift"
         interval = self.mode.reprobe_interval
+        # no refresh while a drift is being confirmed: if it is, the re-measure covers it
         if (interval and self.path and not self.reprobes_by_steps
-                and step - self.last_probe_step >= interval):
+                and self.drift_confirm_left == 0 and step - self.last_probe_step >= interval):
             plan = self._unused_path_plan(k)
             cost_ms = (sum(self.model.predict_ms(kind, nbytes) for kind, nbytes in plan)
                        + self._overhead_ms([kind for kind, _ in plan]))
@@ -651,7 +652,8 @@ class FlexibleController:
         interval = self.mode.reprobe_interval
         if (not self.reprobes_by_steps or not interval or self.remeasure_why is not None
                 or route not in PATHS or self.path not in PATHS or self.explore_due
-                or self.explore_left > 0 or step - self.last_probe_step < interval):
+                or self.explore_left > 0 or self.drift_confirm_left > 0
+                or step - self.last_probe_step < interval):
             return
         other = _other_path(route)
         n_steps = self._explore_steps(other, k_for(cr, self.numel))
