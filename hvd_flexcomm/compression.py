@@ -154,8 +154,9 @@ class Flexible(TopkCompression):
       re-measured; the first step back inside either cancels it (``n_drift_unconfirmed``). A
       transient burst of slow steps then re-measures nothing, and its steps do not become the
       path's new level. No refresh (and under Adaptive no span) starts meanwhile: a confirmed
-      drift re-measures the other path anyway. 0 (the default here): re-measure at once; Flexible's re-measure by steps
-      costs a step's difference of the paths. Adaptive's default is 3 (see there).
+      drift re-measures the other path anyway. 0 (the default here): re-measure at once;
+      Flexible's re-measure by steps costs a step's difference of the paths. Adaptive's
+      default is 3 (see there).
     - ``reprobe_interval``: at most every this many steps, re-measure the path *not* in use
       once (a *refresh*, see ``reprobe_by``), so its prediction does not go stale. 0 disables.
     - ``probe_budget``: refreshes run only while their total time (ms; a probe's timed ops, or
