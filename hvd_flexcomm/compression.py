@@ -478,10 +478,12 @@ class Adaptive(Flexible):
       steps after a span at ``c_low`` took 242-307 ms where about 140 ms was predicted and the
       steps before mostly 130-200 ms; the drift probe re-anchored on them, the spans after it
       refitted the line, and the re-solve saw 684 ms at CR 0.1 (268 ms at the start-up probe)
-      and ran CR 0.0073 for 320 steps; the three steps after the burst took 193-204 ms, inside
-      the 139-209 ms range the detector judged by (reconstructed from the run's step timings).
-      The price: a real change is re-measured three steps
-      later.
+      and moved the CR to 0.0073; the run needed 400 steps where AG-Topk 0.01 needed 300. The
+      three steps after the burst took 193-204 ms, inside the 139-209 ms range the detector
+      judged by (reconstructed from the run's step timings). The price, measured: after a
+      change from 5 ms to 25 ms one way the CR for the new link was in force 25 steps after
+      the change instead of 22, about 2 s of training later (three seeds,
+      ``docs/performance/adaptive_status.md``).
     - ``probe_repeats`` defaults to 1 here (Flexible: 2): the start-up probe times 6 ops
       instead of 12 (each broadcast followed by the allreduce of its k, no barrier op; see
       ``probing.py``), and a Horovod op costs several round trips before any data moves (the
