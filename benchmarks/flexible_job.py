@@ -27,7 +27,8 @@
   ``"adaptive_options"``) runs ``steps`` steps; before step ``s`` of ``changes`` (a list of
   ``[s, network index]``) rank 0 asks the parent to apply that network, and every rank waits
   until it has. One record per step (with the CR in use), and for Adaptive one record of its
-  solves at the end.
+  solves at the end; then one record of the controller's counters (drift probes, drifts not
+  confirmed, full probes, spans that moved the model).
 
 The model is a single ``torch.nn.Parameter`` of ``numel`` float32 entries per method (no forward or
 backward pass); its ``.grad`` is refilled before every step from a small pool of pre-drawn
@@ -159,6 +160,7 @@ class Job:
             out["probe_kind"] = st.get("probe_kind")
             out["cold"], out["exploring"] = st.get("cold"), st.get("exploring")
             out["remeasure"] = st.get("remeasure")
+            out["span"] = st.get("span")  # Adaptive's span steps (a few steps at a candidate's end)
         return out
 
 
@@ -353,6 +355,11 @@ def run_change(job: Job) -> None:
     solves = _solves(opt)
     if solves:
         job.emit({"kind": "solves", "solves": solves})
+    ctrl = getattr(opt, "_flex_controller", None)
+    if ctrl is not None:  # the counters a run's report names (shared state: rank 0 = any rank)
+        job.emit({"kind": "controller", "n_drift_probes": ctrl.n_drift_probes,
+                  "n_drift_unconfirmed": ctrl.n_drift_unconfirmed,
+                  "n_full_probes": ctrl.n_full_probes, "n_span_moves": ctrl.n_span_moves})
 
 
 def main() -> int:

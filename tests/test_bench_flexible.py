@@ -433,3 +433,84 @@ def test_ab_shares_compare_the_second_flexible_with_the_first_in_the_same_cells(
     lines = [x for x in grid.summary_lines({**_ACC, **got, "ab_label": "level_steps=1"})
              if "A/B" in x]
     assert len(lines) == 1 and "`--ab level_steps=1`" in lines[0] and "67% of them" in lines[0]
+
+
+DRIFT_BURST = os.path.join(REPO, "benchmarks", "bench_drift_burst.py")
+
+
+def _burst_records(confirm_probe: bool) -> list:
+    """Synthetic records of the ``change`` job for a burst at steps 10-15 of 30: CR 0.02, a span
+    at step 5, a drift probe at step 15 and a CR change at step 20 when ``confirm_probe``."""
+    steps = []
+    for s in range(30):
+        rec = {"kind": "step", "step": s, "cr": 0.02, "net_ms": 100.0, "probe_ms": 0.0,
+               "probe_kind": None, "span": s == 5}
+        if s == 5:
+            rec.update(cr=0.001, net_ms=40.0)
+        if 10 <= s < 16:
+            rec["net_ms"] = 400.0
+        if confirm_probe and s == 15:
+            rec.update(probe_ms=300.0, probe_kind="drift")
+        if confirm_probe and s >= 20:
+            rec.update(cr=0.005, net_ms=70.0)
+        steps.append(rec)
+    solves = [{"step": 1, "crs": [0.1, 0.001], "comm_ms": [300.0, 60.0]},
+              {"step": 19, "crs": [0.1, 0.001], "comm_ms": [900.0 if confirm_probe else 310.0,
+                                                            60.0]}]
+    return steps + [{"kind": "solves", "solves": solves},
+                    {"kind": "controller", "n_drift_probes": int(confirm_probe),
+                     "n_drift_unconfirmed": int(not confirm_probe)}]
+
+
+def test_drift_burst_summary_reads_each_arm():
+    """The burst benchmark's numbers per arm: drift probes and unconfirmed drifts (the job's
+    counters), the CR path from the burst on with span steps left out, both solves' ends, and
+    the route steps' median communication after the burst; the report's ratio is against the
+    first arm."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import bench_drift_burst as burst
+
+    held = burst.summarize_arm(_burst_records(False), burst_at=10, burst_steps=6, settle=2)
+    assert (held["n_drift_probes"], held["n_drift_unconfirmed"], held["drift_probe_steps"]) == (
+        0, 1, [])
+    assert held["cr_before_burst"] == held["cr_end"] == 0.02 and held["cr_changes_after_burst"] == []
+    assert held["solve_before_burst"] == {"c_low": 60.0, "c_high": 300.0}
+    assert held["last_solve"] == {"c_low": 60.0, "c_high": 310.0} and held["last_solve_step"] == 19
+    assert held["after_ms"] == 100.0 and held["after_steps"] == 12  # steps 18-29
+    moved = burst.summarize_arm(_burst_records(True), burst_at=10, burst_steps=6, settle=2)
+    assert moved["drift_probe_steps"] == [15] and moved["cr_changes_after_burst"] == [[20, 0.005]]
+    assert moved["after_ms"] == 70.0 and moved["last_solve"]["c_high"] == 900.0
+    meta = {"n": 2, "numel": 1000, "cr": 0.02, "steps": 30, "link": {"label": "5 ms / 100 Mbit"},
+            "burst": {"label": "25 ms / unlimited"}, "burst_at": 10, "burst_steps": 6, "settle": 2,
+            "started": "now", "elapsed_s": 1.0}
+    text = burst.markdown(meta, {"3": held, "0": moved})
+    assert "| 3 | 0 (-) | 1 | 0.02 → 0.02 | - | 60 / 300; 60 / 310 (19) | 100.0 | 1.00 |" in text
+    assert "| 0 | 1 (15) | 0 | 0.02 → 0.005 | [[20, 0.005]] |" in text and "| 70.0 | 0.70 |" in text
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.timeout(300)
+def test_drift_burst_runs_end_to_end_and_a_confirmed_drift_needs_more_than_a_burst(tmp_path):
+    """A real burst on the emulator (N=2: 0.5 ms one way, steps 15-20 at 20 ms): without the
+    confirmation the detector's five slow steps run a drift probe; with ``drift_confirm=3`` the
+    first step back on the steady link cancels it, and nothing is re-measured."""
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "burst"
+    argv = [sys.executable, DRIFT_BURST, "--n", "2", "--numel", "200000", "--steps", "34",
+            "--link", "0.5", "inf", "--burst", "20", "inf", "--burst-at", "15",
+            "--burst-steps", "6", "--settle", "4", "--confirm", "3", "0", "--out", str(out),
+            "--timeout-s", "120"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    got = json.loads((out / "drift_burst.json").read_text())
+    held, probed = got["arms"]["3"], got["arms"]["0"]
+    report = (out / "drift_burst.md").read_text()
+    assert held["steps"] > 0 and probed["steps"] > 0, report
+    assert held["n_drift_unconfirmed"] >= 1 and held["drift_probe_steps"] == [], report
+    assert probed["n_drift_probes"] >= 1 and probed["n_drift_unconfirmed"] == 0, report
+    assert all(15 <= s <= 34 for s in probed["drift_probe_steps"]), report
+    assert (out / "drift_burst.png").stat().st_size > 0
