@@ -12,11 +12,12 @@ a burst on purpose: one ``Adaptive(cr=--cr)`` optimizer (the ``change`` job of
 standard-normal values each step) runs ``--steps`` steps on ``--link``; before step
 ``--burst-at`` the emulator switches to ``--burst`` for ``--burst-steps`` steps, then back. The
 same run once per ``--confirm`` value (``Adaptive(drift_confirm=...)``), on a fresh emulator
-each. Reported per arm: the drift probes and the drifts not confirmed, the CR in use after the
-burst, the predicted communication at the candidates' ends in the last solve before the burst
-and the last one of the run, and the steps' communication after the burst (each collective's
-own cost, combined over ranks: rank 0's median ms per step from ``--settle`` steps after the
-burst to the end), as a ratio to the first arm's. Writes ``drift_burst.json``,
+each; ``--options`` (JSON) sets Adaptive's other options. Reported per arm: the drift probes
+and the drifts not confirmed, the CR in use from the burst on (span steps aside), the predicted
+communication at the candidates' ends in the last solve before the burst and the last one of
+the run, and the steps' communication after the burst (each collective's own cost, combined
+over ranks: rank 0's median ms per route step from ``--settle`` steps after the burst to the
+end, probe and span steps aside), as a ratio to the first arm's. Writes ``drift_burst.json``,
 ``drift_burst.md`` and ``drift_burst.png`` (the CR in use and each step's communication per
 arm, the burst shaded) under ``--out``.
 """
@@ -24,6 +25,7 @@ arm, the burst shaded) under ``--out``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -91,7 +93,8 @@ def markdown(meta: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# A burst of slow steps on a steady link: Adaptive's drift detector", "",
         f"N = {meta['n']}, {meta['numel']} float32 entries, `Adaptive(cr={meta['cr']:g}, "
-        "drift_confirm=...)`, " + f"{meta['steps']} steps on {meta['link']['label']}; steps "
+        + "".join(f"{k}={v!r}, " for k, v in meta.get("options", {}).items())
+        + "drift_confirm=...)`, " + f"{meta['steps']} steps on {meta['link']['label']}; steps "
         f"{meta['burst_at']}–{meta['burst_at'] + meta['burst_steps'] - 1} on "
         f"{meta['burst']['label']} (the burst). Communication after the burst: rank 0's median "
         f"ms per step (each collective's own cost, combined over ranks) from step "
@@ -169,10 +172,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="steps after the burst before its after-effects are measured")
     ap.add_argument("--confirm", type=int, nargs="+", default=[3, 0],
                     help="the drift_confirm of each arm (the first is the ratios' baseline)")
+    ap.add_argument("--options", default="{}",
+                    help="Adaptive's other options as JSON (e.g. '{\"weights\": [0.8, 0.2]}')")
     ap.add_argument("--out", default=os.path.join(drv.REPO, "results", "drift_burst"))
     ap.add_argument("--timeout-s", type=float, default=1200.0)
     args = ap.parse_args(argv)
     end = args.burst_at + args.burst_steps
+    options = json.loads(args.options)
+    if not isinstance(options, dict) or "drift_confirm" in options:
+        ap.error(f"--options must be a JSON object without drift_confirm (--confirm sets it), "
+                 f"got {args.options!r}")
     if args.burst_steps < 1 or any(c < 0 for c in args.confirm):
         ap.error(f"need --burst-steps >= 1 and every --confirm >= 0, got {args.burst_steps} and "
                  f"{args.confirm}")
@@ -183,7 +192,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     burst = drv.network(float(args.burst[0]), drv.parse_rate(args.burst[1]))
     meta = {"n": args.n, "numel": args.numel, "cr": args.cr, "steps": args.steps, "link": link,
             "burst": burst, "burst_at": args.burst_at, "burst_steps": args.burst_steps,
-            "settle": args.settle, "confirm": args.confirm, "started": time.strftime("%c")}
+            "settle": args.settle, "confirm": args.confirm, "options": options,
+            "started": time.strftime("%c")}
     print(f"drift burst: N={args.n}, {args.numel} entries, {args.steps} steps on {link['label']}, "
           f"steps {args.burst_at}-{end - 1} on {burst['label']}; drift_confirm {args.confirm}",
           flush=True)
@@ -193,7 +203,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for confirm in args.confirm:
         plan = {"kind": "change", "numel": args.numel, "cr": args.cr, "steps": args.steps,
                 "changes": [[0, 0], [args.burst_at, 1], [end, 2]],
-                "flex_options": {"drift_confirm": confirm}, "adaptive_options": {},
+                "flex_options": {"drift_confirm": confirm}, "adaptive_options": options,
                 "barrier": True}
         try:
             records = drv.run_job(args.n, plan, [link, burst, link], args.timeout_s,
