@@ -30,6 +30,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -78,6 +79,7 @@ def summarize_arm(records: list[dict[str, Any]], burst_at: int, burst_steps: int
         "solve_before_burst": _ends(before[-1] if before else None),
         "last_solve": _ends(solves[-1] if solves else None),
         "last_solve_step": solves[-1]["step"] if solves else None,
+        "paths_after_burst": dict(Counter(r["collective"] for r in steps if r["step"] >= end)),
         "after_ms": statistics.median(after) if after else None,
         "after_steps": len(after),
     }
@@ -101,10 +103,10 @@ def markdown(meta: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
         f"{meta['burst_at'] + meta['burst_steps'] + meta['settle']} on, probe steps left out.",
         "",
         "| drift_confirm | drift probes (steps) | drifts not confirmed | CR before the burst → "
-        "at the end | CR changes from the burst on (step, CR) | predicted ms at c_low / c_high: "
-        "last solve before the burst; last solve (step) | comm after the burst (ms) | vs "
-        f"drift_confirm={next(iter(arms))} |",
-        "|---:|---|---:|---|---|---|---:|---:|",
+        "at the end | CR changes from the burst on (step, CR) | route steps after the burst, "
+        "by path | predicted ms at c_low / c_high: last solve before the burst; last solve "
+        f"(step) | comm after the burst (ms) | vs drift_confirm={next(iter(arms))} |",
+        "|---:|---|---:|---|---|---|---|---:|---:|",
     ]
     for name, arm in arms.items():
         ratio = ("-" if arm["after_ms"] is None or not first["after_ms"]
@@ -113,7 +115,9 @@ def markdown(meta: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {name} | {arm['n_drift_probes']} ({', '.join(map(str, arm['drift_probe_steps'])) or '-'})"
             f" | {arm['n_drift_unconfirmed']} | {arm['cr_before_burst']} → {arm['cr_end']} | "
-            f"{arm['cr_changes_after_burst'] or '-'} | {fmt_ends(arm['solve_before_burst'])}; "
+            f"{arm['cr_changes_after_burst'] or '-'} | "
+            + (", ".join(f"{p} {n}" for p, n in sorted(arm["paths_after_burst"].items())) or "-")
+            + f" | {fmt_ends(arm['solve_before_burst'])}; "
             f"{fmt_ends(arm['last_solve'])} ({arm['last_solve_step']}) | {after} | {ratio} |")
     lines += ["", f"Run {meta['started']}, {meta['elapsed_s']:.0f} s."]
     return "\n".join(lines) + "\n"

@@ -444,7 +444,8 @@ def _burst_records(confirm_probe: bool) -> list:
     steps = []
     for s in range(30):
         rec = {"kind": "step", "step": s, "cr": 0.02, "net_ms": 100.0, "probe_ms": 0.0,
-               "probe_kind": None, "span": s == 5}
+               "probe_kind": None, "span": s == 5,
+               "collective": "allreduce" if confirm_probe and s >= 16 else "allgather"}
         if s == 5:
             rec.update(cr=0.001, net_ms=40.0)
         if 10 <= s < 16:
@@ -477,15 +478,19 @@ def test_drift_burst_summary_reads_each_arm():
     assert held["solve_before_burst"] == {"c_low": 60.0, "c_high": 300.0}
     assert held["last_solve"] == {"c_low": 60.0, "c_high": 310.0} and held["last_solve_step"] == 19
     assert held["after_ms"] == 100.0 and held["after_steps"] == 12  # steps 18-29
+    assert held["paths_after_burst"] == {"allgather": 14}
     moved = burst.summarize_arm(_burst_records(True), burst_at=10, burst_steps=6, settle=2)
     assert moved["drift_probe_steps"] == [15] and moved["cr_changes_after_burst"] == [[20, 0.005]]
     assert moved["after_ms"] == 70.0 and moved["last_solve"]["c_high"] == 900.0
+    assert moved["paths_after_burst"] == {"allreduce": 14}
     meta = {"n": 2, "numel": 1000, "cr": 0.02, "steps": 30, "link": {"label": "5 ms / 100 Mbit"},
             "burst": {"label": "25 ms / unlimited"}, "burst_at": 10, "burst_steps": 6, "settle": 2,
             "started": "now", "elapsed_s": 1.0}
     text = burst.markdown(meta, {"3": held, "0": moved})
-    assert "| 3 | 0 (-) | 1 | 0.02 → 0.02 | - | 60 / 300; 60 / 310 (19) | 100.0 | 1.00 |" in text
-    assert "| 0 | 1 (15) | 0 | 0.02 → 0.005 | [[20, 0.005]] |" in text and "| 70.0 | 0.70 |" in text
+    assert ("| 3 | 0 (-) | 1 | 0.02 → 0.02 | - | allgather 14 | 60 / 300; 60 / 310 (19) | 100.0 "
+            "| 1.00 |") in text
+    assert "| 0 | 1 (15) | 0 | 0.02 → 0.005 | [[20, 0.005]] | allreduce 14 |" in text
+    assert "| 70.0 | 0.70 |" in text
 
 
 @pytest.mark.slow
