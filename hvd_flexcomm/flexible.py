@@ -129,7 +129,8 @@ class FlexibleController:
         #: drifts the steps after the detector fired did not confirm (no re-measure ran)
         self.n_drift_unconfirmed = 0
         #: the samples the last ``drift_patience`` steps fed to the fits: [(kind, bytes, ms), ...]
-        #: per step, oldest first (the measurements that fired the drift detector)
+        #: per step, oldest first (the measurements that fired the drift detector, the latest of
+        #: them those that confirmed it)
         self.recent_steps: deque = deque(maxlen=mode.drift_patience)
         self.last_probe_step = 0
         self.probe_ms_total = 0.0
@@ -579,7 +580,7 @@ class FlexibleController:
 
     def _reanchor_on_recent_steps(self, also: set = frozenset()) -> list:
         """After drift (a drift probe, or a re-measure on steps): the kinds of the recent step
-        timings that fired the detector, and ``also``, keep their slopes and forget their
+        timings that fired (and confirmed) the detector, and ``also``, keep their slopes and forget their
         levels; every slope is unpinned (the new network's slopes may replace them); the recent
         timings are fed back. Returns them ``[(kind, bytes, ms), ...]``."""
         recent = [sample for step_samples in self.recent_steps for sample in step_samples]
