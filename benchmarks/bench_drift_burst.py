@@ -43,6 +43,11 @@ def _steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted((r for r in records if r.get("kind") == "step"), key=lambda r: r["step"])
 
 
+def _drift_probe_steps(steps: list[dict[str, Any]]) -> list[int]:
+    """The steps (of :func:`_steps`) before which a drift probe ran."""
+    return [r["step"] for r in steps if r.get("probe_ms") and r.get("probe_kind") == "drift"]
+
+
 def _ends(solve: Optional[dict[str, Any]]) -> Optional[dict[str, float]]:
     """A solve's predicted communication (ms) at the lowest and highest candidate CR."""
     if solve is None:
@@ -55,14 +60,13 @@ def summarize_arm(records: list[dict[str, Any]], burst_at: int, burst_steps: int
                   settle: int) -> dict[str, Any]:
     """One arm's numbers (see the module docstring); ``after_ms`` is None when no step lies
     ``settle`` steps or more after the burst."""
-    steps = [r for r in _steps(records) if not r.get("span")]  # the route's steps
+    every_step = _steps(records)
+    steps = [r for r in every_step if not r.get("span")]  # the route's steps
     solves = [s for r in records if r.get("kind") == "solves" for s in r["solves"]]
     counters = next((r for r in records if r.get("kind") == "controller"), {})
     end = burst_at + burst_steps
     after = [r["net_ms"] for r in steps if r["step"] >= end + settle and r.get("net_ms") is not None
              and not r.get("probe_ms")]
-    drift_steps = [r["step"] for r in _steps(records)
-                   if r.get("probe_ms") and r.get("probe_kind") == "drift"]
     before = [s for s in solves if s["step"] < burst_at]
     cr_changes = []
     for prev, cur in zip(steps, steps[1:]):
@@ -70,7 +74,7 @@ def summarize_arm(records: list[dict[str, Any]], burst_at: int, burst_steps: int
             cr_changes.append([cur["step"], cur.get("cr")])
     return {
         "steps": len(steps),
-        "drift_probe_steps": drift_steps,
+        "drift_probe_steps": _drift_probe_steps(every_step),
         "n_drift_probes": counters.get("n_drift_probes"),
         "n_drift_unconfirmed": counters.get("n_drift_unconfirmed"),
         "cr_before_burst": next((r.get("cr") for r in reversed(steps) if r["step"] < burst_at), None),
@@ -140,9 +144,8 @@ def plot(runs: dict[str, list[dict[str, Any]]], meta: dict[str, Any], path: str)
                  label=f"drift_confirm={name}")
         ax2.step(xs, [r.get("cr") for r in steps], where="mid", color=color,
                  label=f"drift_confirm={name}")
-        for r in steps:
-            if r.get("probe_ms") and r.get("probe_kind") == "drift":
-                ax1.axvline(r["step"], color=color, ls=":", lw=1.2)
+        for step in _drift_probe_steps(steps):
+            ax1.axvline(step, color=color, ls=":", lw=1.2)
     for ax in (ax1, ax2):
         ax.axvspan(meta["burst_at"] - 0.5, meta["burst_at"] + meta["burst_steps"] - 0.5,
                    color="0.9", zorder=0)

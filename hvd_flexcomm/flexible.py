@@ -964,7 +964,7 @@ class FlexibleController:
             band = self.drift.last_band
             shown = ("" if band is None else
                      f" and outside its recent range {band[0]:.2f}-{band[1]:.2f} ms")
-            confirm = int(getattr(self.mode, "drift_confirm", 0))
+            confirm = self.mode.drift_confirm
             if confirm > 0:
                 self.drift_confirm_left = confirm
                 self.drift_confirm_key, self.drift_confirm_band = (path, k), band
